@@ -1,0 +1,45 @@
+# homelab — the two commands a fresh machine needs are `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Build llama-cpp-python with CUDA when an NVIDIA driver is visible; CMAKE_ARGS overrides.
+CUDA_ARGS := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "-DGGML_CUDA=on")
+export CMAKE_ARGS ?= $(CUDA_ARGS)
+
+.PHONY: run test check lint typecheck install install-test clean bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(BIN)/homelab
+
+test: install-test
+	$(BIN)/python -m pytest -q
+
+lint: install-test
+	$(BIN)/ruff format --check homelab tests benchmarks
+	$(BIN)/ruff check homelab tests benchmarks
+
+typecheck: install-test
+	$(BIN)/mypy homelab
+
+check: lint typecheck test
+
+bench: install-test
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,93 @@
+"""The engine's public contract: what callers (CLI, server, TUI, bench) submit and receive.
+
+A caller builds a :class:`GenerationRequest`, calls ``Engine.submit`` and gets a
+:class:`RequestHandle`; the handle yields :class:`TokenEvent` items and ends with exactly one
+:class:`FinishEvent` (iterate it in a thread, or ``async for`` it in asyncio). ``submit``
+raises ``ContextLengthError`` / ``BusyError`` synchronously, before any compute.
+The tenant is always set by the caller (the server derives it from the API key), never from
+request fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8  # 0 => greedy
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int | None = None  # None => random per request
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()  # never emitted; matched across token boundaries
+    logprobs: int | None = None  # None => off; N => chosen token's logprob + top N alternatives
+    grammar: str | None = None  # GBNF (e.g. from a JSON schema); size/nesting bounded
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    tenant: str
+    prompt: str | tuple[int, ...]  # text (special tokens parsed) or token ids
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = ""
+    add_bos: bool = True  # for text prompts; chat prompts rendered from the template set this
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str  # complete UTF-8 text released by this step (may be "" while bytes are pending)
+    token_id: int
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens reused from this tenant's prefix cache
+    completion_tokens: int
+    ttft_s: float  # submit -> first token
+    prefill_tok_s: float
+    decode_tok_s: float
+    queue_s: float
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: FinishReason
+    stats: RequestStats
+    error: str | None = None  # set when reason == "error" (safe to show the user)
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """An engine-wide snapshot published to subscribers at a steady rate."""
+
+    prefill_tok_s: float  # rolling
+    decode_tok_s: float  # rolling
+    active_slots: int
+    n_slots: int
+    queue_depth: int
+    kv_cells_used: int
+    kv_cells_total: int
+    requests_total: int
+    requests_by_status: Mapping[str, int]
+    last_ttft_s: float | None

@@ -1,0 +1,33 @@
+"""The knobs a plan chooses and the engine applies — the contract between planner and engine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f32")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """llama.cpp load/context parameters, exactly as handed to llama.cpp.
+
+    ``n_ctx`` is the total context (all slots); ``n_ctx_per_slot`` what one request can use.
+    """
+
+    quant: str = "F16"  # the weights file's quant label
+    n_ctx: int = 4096
+    n_ctx_per_slot: int = 4096
+    n_parallel: int = 1  # slots = llama.cpp n_seq_max
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = False
+    n_gpu_layers: int = 0
+    n_cpu_moe: int = 0  # MoE expert tensors of the first N layers stay on the CPU
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    swa_full: bool = False
+    n_threads: int | None = None  # None: llama.cpp's default for this machine
+    kv_unified: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
