@@ -18,8 +18,13 @@ from typing import Any
 
 log = logging.getLogger("homelab.llama")
 
-_LEVELS = {0: logging.CRITICAL, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR,
-           4: logging.DEBUG}
+_LEVELS = {
+    0: logging.CRITICAL,
+    1: logging.INFO,
+    2: logging.WARNING,
+    3: logging.ERROR,
+    4: logging.DEBUG,
+}
 _CONT = 5  # GGML_LOG_LEVEL_CONT: continues the previous line
 
 _local = threading.local()

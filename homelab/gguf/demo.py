@@ -25,7 +25,7 @@ from homelab.locations import demo_models_dir, ensure_dir
 ARCHS = ("llama", "qwen3", "gemma3", "moe", "deepseek2", "mamba")
 SIZES = ("tiny", "bench")
 QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
-GENERATOR_VERSION = 1  # bump when generated files change, so caches regenerate
+GENERATOR_VERSION = 2  # bump when generated files change, so caches regenerate
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ BENCH = ArchSpec("llama", n_vocab=32000, n_embd=768, n_layer=12, n_head=12, n_he
 
 def spec_for(arch: str, size: str) -> ArchSpec:
     if arch not in ARCHS:
-        raise HomelabError(f"unknown demo architecture {arch!r}", hint=f"Choose one of {', '.join(ARCHS)}.")
+        raise HomelabError(
+            f"unknown demo architecture {arch!r}", hint=f"Choose one of {', '.join(ARCHS)}."
+        )
     if size not in SIZES:
         raise HomelabError(f"unknown demo size {size!r}", hint=f"Choose one of {', '.join(SIZES)}.")
     base = TINY if size == "tiny" else BENCH
@@ -74,7 +76,9 @@ class _Weights:
         self.rng = np.random.default_rng(seed)
 
     def matrix(self, *ne: int, scale: float = 0.02) -> np.ndarray:
-        return (self.rng.standard_normal(tuple(reversed(ne)), dtype=np.float32) * scale).astype(np.float16)
+        return (self.rng.standard_normal(tuple(reversed(ne)), dtype=np.float32) * scale).astype(
+            np.float16
+        )
 
     @staticmethod
     def ones(n: int) -> np.ndarray:
@@ -174,14 +178,20 @@ def _mamba_layers(s: ArchSpec, w: _Weights) -> Iterator[Tensor]:
 
 
 LAYERS: dict[str, Callable[[ArchSpec, _Weights], Iterator[Tensor]]] = {
-    "llama": _llama_layers, "qwen3": _llama_layers, "gemma3": _gemma3_layers,
-    "deepseek2": _deepseek2_layers, "mamba": _mamba_layers,
+    "llama": _llama_layers,
+    "qwen3": _llama_layers,
+    "gemma3": _gemma3_layers,
+    "deepseek2": _deepseek2_layers,
+    "mamba": _mamba_layers,
 }
 
 
 def _tensors(s: ArchSpec, seed: int) -> Iterator[Tensor]:
     w = _Weights(seed)
-    yield "token_embd.weight", w.matrix(s.n_embd, s.n_vocab, scale=0.5 if s.arch == "mamba" else 0.02)
+    yield (
+        "token_embd.weight",
+        w.matrix(s.n_embd, s.n_vocab, scale=0.5 if s.arch == "mamba" else 0.02),
+    )
     yield from LAYERS[s.arch](s, w)
     yield "output_norm.weight", w.ones(s.n_embd)
     yield "output.weight", w.matrix(s.n_embd, s.n_vocab, scale=4.0 / np.sqrt(s.n_embd))
@@ -276,12 +286,15 @@ def write_f16_model(path: Path, arch: str, size: str = "tiny", seed: int = 0) ->
     return path
 
 
-def demo_model_path(arch: str = "llama", size: str = "tiny", quant: str = "F16",
-                    directory: Path | None = None) -> Path:
+def demo_model_path(
+    arch: str = "llama", size: str = "tiny", quant: str = "F16", directory: Path | None = None
+) -> Path:
     """Path of the demo model, generating (and quantizing) it on first use."""
     quant = quant.upper()
     if quant not in QUANTS:
-        raise HomelabError(f"unknown demo quant {quant!r}", hint=f"Choose one of {', '.join(QUANTS)}.")
+        raise HomelabError(
+            f"unknown demo quant {quant!r}", hint=f"Choose one of {', '.join(QUANTS)}."
+        )
     spec_for(arch, size)  # validates arch and size
     folder = directory or demo_models_dir()
     stem = f"homelab-demo-{arch}-{size}-v{GENERATOR_VERSION}"

@@ -93,8 +93,9 @@ class _Stream:
             raise self.fail(f"header larger than {MAX_HEADER_BYTES >> 20} MiB while reading {what}")
         data = self._source.read(n)
         if len(data) != n:
-            raise self.fail(f"file is truncated: ended at byte {self.position + len(data)} "
-                            f"while reading {what}")
+            raise self.fail(
+                f"file is truncated: ended at byte {self.position + len(data)} while reading {what}"
+            )
         self.position += n
         return data
 
@@ -111,7 +112,9 @@ class _Stream:
     def string(self, what: str) -> str:
         length = self.u64(f"length of {what}")
         if length > MAX_STRING_BYTES:
-            raise self.fail(f"{what} claims a string of {length:,} bytes (limit {MAX_STRING_BYTES:,})")
+            raise self.fail(
+                f"{what} claims a string of {length:,} bytes (limit {MAX_STRING_BYTES:,})"
+            )
         raw = self.read(length, what)
         try:
             return raw.decode("utf-8")
@@ -134,7 +137,9 @@ def _read_array(stream: _Stream, key: str) -> object:
     item_type = stream.u32(f"array type of {key!r}")
     length = stream.u64(f"array length of {key!r}")
     if length > MAX_ARRAY_ITEMS:
-        raise stream.fail(f"key {key!r} claims an array of {length:,} items (limit {MAX_ARRAY_ITEMS:,})")
+        raise stream.fail(
+            f"key {key!r} claims an array of {length:,} items (limit {MAX_ARRAY_ITEMS:,})"
+        )
     if item_type == gguf.GGUFValueType.ARRAY:
         raise stream.fail(f"key {key!r} is a nested array, which GGUF models do not use")
     keep = length <= KEPT_ARRAY_ITEMS
@@ -215,5 +220,3 @@ def check_data_fits(header: RawHeader, file_bytes: int, label: str) -> None:
                 f"but the file has {file_bytes:,}",
                 hint="The download was probably interrupted; download it again.",
             )
-
-

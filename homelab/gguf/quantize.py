@@ -9,8 +9,21 @@ from pathlib import Path
 from homelab.errors import ModelFileError
 
 # quant label -> llama_ftype value (llama.h LLAMA_FTYPE_MOSTLY_*)
-FTYPES = {"F16": 1, "Q4_0": 2, "Q8_0": 7, "Q5_K_M": 17, "Q6_K": 18, "Q4_K_M": 15, "Q4_K_S": 14,
-          "Q5_K_S": 16, "Q3_K_M": 12, "IQ4_XS": 30, "IQ4_NL": 25, "BF16": 32, "Q5_0": 8}
+FTYPES = {
+    "F16": 1,
+    "Q4_0": 2,
+    "Q8_0": 7,
+    "Q5_K_M": 17,
+    "Q6_K": 18,
+    "Q4_K_M": 15,
+    "Q4_K_S": 14,
+    "Q5_K_S": 16,
+    "Q3_K_M": 12,
+    "IQ4_XS": 30,
+    "IQ4_NL": 25,
+    "BF16": 32,
+    "Q5_0": 8,
+}
 
 
 def quantize_file(source: Path, target: Path, quant: str, n_threads: int | None = None) -> Path:
@@ -20,11 +33,15 @@ def quantize_file(source: Path, target: Path, quant: str, n_threads: int | None 
     llama_cpp = llama()
     ftype = FTYPES.get(quant.upper())
     if ftype is None:
-        raise ModelFileError(source, f"cannot quantize to {quant!r}",
-                             hint=f"Choose one of {', '.join(sorted(FTYPES))}.")
+        raise ModelFileError(
+            source,
+            f"cannot quantize to {quant!r}",
+            hint=f"Choose one of {', '.join(sorted(FTYPES))}.",
+        )
     if target.resolve() == source.resolve():
-        raise ModelFileError(target, "the output would overwrite the source file",
-                             hint="Choose another output path.")
+        raise ModelFileError(
+            target, "the output would overwrite the source file", hint="Choose another output path."
+        )
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = ftype
     params.nthread = n_threads or os.cpu_count() or 1
@@ -36,7 +53,9 @@ def quantize_file(source: Path, target: Path, quant: str, n_threads: int | None 
                 str(source).encode(), str(tmp_path).encode(), params
             )
         if status != 0:
-            raise ModelFileError(source, f"llama.cpp failed to quantize it to {quant} (status {status})")
+            raise ModelFileError(
+                source, f"llama.cpp failed to quantize it to {quant} (status {status})"
+            )
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)

@@ -16,11 +16,24 @@ SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 # Architectures whose every layer is recurrent (no KV cache at all).
 RECURRENT_ARCHS = {"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"}
 # Hybrids whose recurrent layers are the ones with zero KV heads.
-HYBRID_ARCHS = {"jamba", "falcon-h1", "granitehybrid", "nemotron_h", "nemotron_h_moe", "lfm2",
-                "plamo2"}
+HYBRID_ARCHS = {
+    "jamba",
+    "falcon-h1",
+    "granitehybrid",
+    "nemotron_h",
+    "nemotron_h_moe",
+    "lfm2",
+    "plamo2",
+}
 # Default sliding-window pattern per architecture when the file gives none: (n_pattern, dense_first)
-SWA_DEFAULTS = {"gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False),
-                "cohere2": (4, False), "gpt-oss": (2, True), "exaone4": (4, False)}
+SWA_DEFAULTS = {
+    "gemma2": (2, False),
+    "gemma3": (6, False),
+    "gemma3n": (5, False),
+    "cohere2": (4, False),
+    "gpt-oss": (2, True),
+    "exaone4": (4, False),
+}
 
 
 def split_parts(path: Path) -> list[Path]:
@@ -29,11 +42,16 @@ def split_parts(path: Path) -> list[Path]:
     if not match:
         return [path]
     count = int(match["count"])
-    parts = [path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    parts = [
+        path.with_name(f"{match['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)
+    ]
     missing = [p.name for p in parts if not p.is_file()]
     if missing:
-        raise ModelFileError(path, f"split set is incomplete; missing {', '.join(missing)}",
-                             hint="Download every part of the set into the same folder.")
+        raise ModelFileError(
+            path,
+            f"split set is incomplete; missing {', '.join(missing)}",
+            hint="Download every part of the set into the same folder.",
+        )
     return parts
 
 
@@ -47,7 +65,9 @@ def read_header_file(path: Path) -> RawHeader:
     except IsADirectoryError:
         raise ModelFileError(path, "is a directory, not a GGUF file") from None
     except PermissionError:
-        raise ModelFileError(path, "permission denied", hint="Check the file's permissions.") from None
+        raise ModelFileError(
+            path, "permission denied", hint="Check the file's permissions."
+        ) from None
     check_data_fits(header, file_bytes, str(path))
     return header
 
@@ -56,7 +76,9 @@ def read_model(path: str | Path) -> ModelInfo:
     """Read a GGUF file or split set from disk; raise ModelFileError when it is unusable."""
     first = Path(path).expanduser()
     if not first.exists():
-        raise ModelFileError(first, "file not found", hint="Check the path or run `homelab models`.")
+        raise ModelFileError(
+            first, "file not found", hint="Check the path or run `homelab models`."
+        )
     parts = split_parts(first)
     headers = [read_header_file(part) for part in parts]
     file_bytes = sum(part.stat().st_size for part in parts)
@@ -68,13 +90,15 @@ def _stem(path: Path) -> str:
     return match["stem"] if match else path.stem
 
 
-def model_from_headers(headers: list[RawHeader], source: str, file_bytes: int,
-                       default_name: str) -> ModelInfo:
+def model_from_headers(
+    headers: list[RawHeader], source: str, file_bytes: int, default_name: str
+) -> ModelInfo:
     """Combine the headers of one file or of every part of a split set."""
     meta = headers[0].metadata
     tensors = tuple(
         TensorInfo(t.name, t.ggml_type, t.type_name, t.shape, t.n_bytes, t.offset)
-        for header in headers for t in header.tensors
+        for header in headers
+        for t in header.tensors
     )
     return _ModelBuilder(meta, source).build(tensors, file_bytes, len(headers), default_name)
 
@@ -87,8 +111,11 @@ class _ModelBuilder:
         self.source = source
         arch = meta.get("general.architecture")
         if not isinstance(arch, str) or not arch:
-            raise ModelFileError(source, "metadata has no general.architecture",
-                                 hint="This is not a llama.cpp model file.")
+            raise ModelFileError(
+                source,
+                "metadata has no general.architecture",
+                hint="This is not a llama.cpp model file.",
+            )
         self.arch = arch
 
     def get(self, key: str, default: object = None) -> object:
@@ -99,22 +126,28 @@ class _ModelBuilder:
         if isinstance(value, tuple):
             value = value[0] if value else default
         if not isinstance(value, int | float):
-            raise ModelFileError(self.source, f"metadata {self.arch}.{key} is {value!r}, not a number")
+            raise ModelFileError(
+                self.source, f"metadata {self.arch}.{key} is {value!r}, not a number"
+            )
         if value < 0 or value > 1 << 40:
-            raise ModelFileError(self.source, f"metadata {self.arch}.{key} = {value} is out of range")
+            raise ModelFileError(
+                self.source, f"metadata {self.arch}.{key} = {value} is out of range"
+            )
         return int(value)
 
     def per_layer(self, key: str, n_layer: int, default: int) -> tuple[int, ...]:
         value = self.get(key, default)
         if isinstance(value, tuple):
             if len(value) != n_layer:
-                raise ModelFileError(self.source, f"{self.arch}.{key} has {len(value)} entries "
-                                                  f"for {n_layer} layers")
+                raise ModelFileError(
+                    self.source, f"{self.arch}.{key} has {len(value)} entries for {n_layer} layers"
+                )
             return tuple(int(v) for v in value)  # type: ignore[call-overload]
         return (self.int_key(key, default),) * n_layer
 
-    def build(self, tensors: tuple[TensorInfo, ...], file_bytes: int, n_files: int,
-              default_name: str) -> ModelInfo:
+    def build(
+        self, tensors: tuple[TensorInfo, ...], file_bytes: int, n_files: int, default_name: str
+    ) -> ModelInfo:
         n_layer = self.int_key("block_count")
         if n_layer <= 0:
             raise ModelFileError(self.source, f"{self.arch}.block_count is missing or zero")

@@ -19,18 +19,22 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 SPECIALS = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
 UNK_ID, BOS_ID, EOS_ID, IM_START_ID, IM_END_ID = range(5)
 
-WORDS = """the of and to in is it you that he was for on are with as his they be at one have this
-from or had by hot word but what some we can out other were all there when up use your how said
-an each she which do their time if will way about many then them write would like so these her
-long make thing see him two has look more day could go come did number sound no most people my
-over know water than call first who may down side been now find any new work part take get place
-made live where after back little only round man year came show every good me give our under name
-very through just form sentence great think say help low line differ turn cause much mean before
-move right boy old too same tell does set three want air well also play small end put home read
-hand port large spell add even land here must big high such follow act why ask men change went
-light kind off need house picture try us again animal point mother world near build self earth
-father model memory context cache token tokens speed fast slow quant layer layers hello hi
-assistant user system answer question yes thanks please json true false null name value""".split()
+_WORD_TEXT = """
+the of and to in is it you that he was for on are with as his they be at one have this
+from or had by hot word but what some we can out other were all there when up use your how
+said an each she which do their time if will way about many then them write would like so
+these her long make thing see him two has look more day could go come did number sound no
+most people my over know water than call first who may down side been now find any new
+work part take get place made live where after back little only round man year came show
+every good me give our under name very through just form sentence great think say help low
+line differ turn cause much mean before move right boy old too same tell does set three
+want air well also play small end put home read hand port large spell add even land here
+must big high such follow act why ask men change went light kind off need house picture
+try us again animal point mother world near build self earth father model memory context
+cache token tokens speed fast slow quant layer layers hello hi assistant user system
+answer question yes thanks please json true false null name value
+"""
+WORDS = _WORD_TEXT.split()
 
 
 @dataclass(frozen=True)
@@ -64,33 +68,43 @@ def build_vocabulary(n_vocab: int) -> Vocabulary:
     filler = [f"<unused{i}>" for i in range(n_vocab - len(SPECIALS) - 256 - len(pieces))]
     tokens = (*SPECIALS, *byte_tokens, *pieces, *filler)
     # longer pieces score higher so SPM prefers whole words
-    scores = (0.0,) * (len(SPECIALS) + 256) + tuple(float(len(p)) for p in pieces) + (-1e9,) * len(filler)
-    types = ((UNKNOWN,) + (CONTROL,) * (len(SPECIALS) - 1) + (BYTE,) * 256
-             + (NORMAL,) * len(pieces) + (USER_DEFINED,) * len(filler))
+    scores = (
+        (0.0,) * (len(SPECIALS) + 256)
+        + tuple(float(len(p)) for p in pieces)
+        + (-1e9,) * len(filler)
+    )
+    types = (
+        (UNKNOWN,)
+        + (CONTROL,) * (len(SPECIALS) - 1)
+        + (BYTE,) * 256
+        + (NORMAL,) * len(pieces)
+        + (USER_DEFINED,) * len(filler)
+    )
     return Vocabulary(tokens, scores, types)
 
 
 # ChatML with Hermes-style tool calls; rendered by llama.cpp users and by homelab in a sandbox.
 CHAT_TEMPLATE = (
-    "{%- if tools %}<|im_start|>system\n"
-    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
-    "# Tools\nYou may call functions. Their signatures are inside <tools></tools>:\n<tools>\n"
-    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n"
-    "To call one, answer with <tool_call>{\"name\": <name>, \"arguments\": <args>}</tool_call>"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "# Tools\nYou may call functions. Their signatures are inside <tools></tools>:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    'To call one, answer with <tool_call>{"name": <name>, "arguments": <args>}</tool_call>'
     "<|im_end|>\n"
-    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- for message in messages %}"
-    "{%- if message.role == 'system' and loop.first %}"
-    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
+    "{% elif messages[0].role == 'system' %}"
+    "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and loop.first %}"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
     "\n</tool_response><|im_end|>\n"
-    "{%- elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
-    "{%- if message.content %}{{ message.content }}{% endif %}"
-    "{%- for call in message.tool_calls %}\n<tool_call>\n{\"name\": \"{{ call.function.name }}\", "
-    "\"arguments\": {{ call.function.arguments if call.function.arguments is string "
-    "else call.function.arguments | tojson }}}\n</tool_call>{%- endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    '{% for call in message.tool_calls %}<tool_call>\n{"name": "{{ call.function.name }}", '
+    '"arguments": {{ call.function.arguments if call.function.arguments is string '
+    "else call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
