@@ -7,15 +7,36 @@ when the driver cannot answer it; renderers print "N/A".
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, fields
 from typing import Any
 
 import psutil
 
-from homelab.hardware.nvml import Nvml, NvmlUnavailable, open_nvml, shared_nvml
+from homelab.hardware.nvml import (
+    NOT_SUPPORTED,
+    Nvml,
+    NvmlUnavailable,
+    explain_code,
+    open_nvml,
+    shared_nvml,
+)
+
+logger = logging.getLogger(__name__)
 
 MILLIWATTS_PER_WATT = 1000
+# Newest first: pynvml's unversioned call uses the v3 struct, which older drivers lack.
+PROCESS_QUERIES = (
+    (
+        "compute",
+        ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    ),
+    (
+        "graphics",
+        ("nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses_v2"),
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,11 @@ class GpuInfo:
     utilization_memory_percent: int | None
     processes: tuple[GpuProcess, ...]
 
+    def snapshot(self) -> GpuSnapshot:
+        """The live part of this record, as :func:`gpu_snapshot` would have returned it."""
+        live = {field.name: getattr(self, field.name) for field in fields(GpuSnapshot)}
+        return GpuSnapshot(**live)
+
 
 def as_text(value: object) -> str | None:
     """NVML strings arrive as bytes from older nvidia-ml-py releases."""
@@ -98,7 +124,9 @@ def read_snapshot(nvml: Nvml, index: int, handle: Any) -> GpuSnapshot:
         memory_free_bytes=free_bytes,
         memory_used_bytes=used_bytes,
         unified_memory=unified,
-        temperature_c=_int_or_none(nvml.query("nvmlDeviceGetTemperature", handle, temperature_sensor)),
+        temperature_c=_int_or_none(
+            nvml.query("nvmlDeviceGetTemperature", handle, temperature_sensor)
+        ),
         power_draw_w=_watts(nvml.query("nvmlDeviceGetPowerUsage", handle)),
         power_limit_w=_watts(nvml.query("nvmlDeviceGetEnforcedPowerLimit", handle)),
         utilization_gpu_percent=_int_or_none(getattr(utilization, "gpu", None)),
@@ -108,11 +136,13 @@ def read_snapshot(nvml: Nvml, index: int, handle: Any) -> GpuSnapshot:
 
 
 def _memory(nvml: Nvml, handle: Any) -> tuple[int, int, int, bool]:
-    memory = nvml.query("nvmlDeviceGetMemoryInfo", handle)
-    if memory is None:
-        # Unified-memory devices (Grace Hopper, GB10) report no VRAM: the GPU uses host RAM.
+    memory, code = nvml.attempt("nvmlDeviceGetMemoryInfo", handle)
+    if code == NOT_SUPPORTED:
+        # Unified-memory devices (GB10, some Grace systems) report no VRAM: the GPU uses host RAM.
         host = psutil.virtual_memory()
         return int(host.total), int(host.available), int(host.total - host.available), True
+    if memory is None:
+        raise NvmlUnavailable(f"its memory cannot be read: {explain_code(code)}")
     return int(memory.total), int(memory.free), int(memory.used), False
 
 
@@ -127,11 +157,8 @@ def _int_or_none(value: object) -> int | None:
 def read_processes(nvml: Nvml, handle: Any) -> tuple[GpuProcess, ...]:
     """Compute and graphics processes on the GPU, merged by pid, biggest first."""
     found: dict[int, tuple[int | None, list[str]]] = {}
-    for kind, function_name in (
-        ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-        ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-    ):
-        for entry in nvml.query(function_name, handle) or ():
+    for kind, function_names in PROCESS_QUERIES:
+        for entry in nvml.query_any(function_names, handle) or ():
             used = getattr(entry, "usedGpuMemory", None)
             previous_used, kinds = found.get(entry.pid, (None, []))
             found[entry.pid] = (_larger(previous_used, used), [*kinds, kind])
@@ -219,16 +246,38 @@ def cuda_driver_version(nvml: Nvml) -> str | None:
 def gpu_snapshot(nvml_module: Any | None = None) -> tuple[GpuSnapshot, ...]:
     """Live memory, temperature, power, utilisation and processes of every GPU (~1 Hz safe).
 
-    Returns ``()`` when there is no usable NVIDIA GPU; never raises for NVML problems.
+    Returns ``()`` when there is no usable NVIDIA GPU and skips a GPU that cannot be read;
+    never raises for NVML problems. The default NVML session is opened once and kept.
     """
     try:
-        nvml = shared_nvml() if nvml_module is None else open_nvml(nvml_module)
-        return tuple(
-            read_snapshot(nvml, index, device_handle(nvml, index))
-            for index in range(device_count(nvml))
-        )
+        if nvml_module is None:
+            return _snapshots(shared_nvml())
+        nvml = open_nvml(nvml_module)
     except NvmlUnavailable:
         return ()
+    try:
+        return _snapshots(nvml)
+    finally:
+        nvml.shutdown()
+
+
+def _snapshots(nvml: Nvml) -> tuple[GpuSnapshot, ...]:
+    try:
+        count = device_count(nvml)
+    except NvmlUnavailable:
+        return ()
+    snapshots = (_snapshot_or_none(nvml, index) for index in range(count))
+    return tuple(snapshot for snapshot in snapshots if snapshot is not None)
+
+
+def _snapshot_or_none(nvml: Nvml, index: int) -> GpuSnapshot | None:
+    try:
+        return read_snapshot(nvml, index, device_handle(nvml, index))
+    except NvmlUnavailable:
+        return None
+    except Exception:  # a pynvml/driver combination we have not met must not stop the TUI
+        logger.debug("GPU %d snapshot failed", index, exc_info=True)
+        return None
 
 
 def our_process_vram_bytes(

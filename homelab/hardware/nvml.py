@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -82,6 +81,7 @@ NVML_ERRORS: dict[int, NvmlErrorInfo] = {
     999: NvmlErrorInfo("unknown NVML error", "check `nvidia-smi` and `dmesg`"),
 }
 
+NOT_SUPPORTED = 3
 FUNCTION_NOT_FOUND = 13
 
 
@@ -93,7 +93,16 @@ class NvmlUnavailable(Exception):
         super().__init__(reason)
 
 
+def nvml_error_types(library: Any) -> tuple[type[BaseException], ...]:
+    """NVMLError, plus the error pynvml raises when its struct version is newer than the driver."""
+    names = ("NVMLError", "NVMLLibraryMismatchError")
+    found = [getattr(library, name, None) for name in names]
+    return tuple(kind for kind in found if isinstance(kind, type)) or (Exception,)
+
+
 def error_code(error: BaseException) -> int | None:
+    if type(error).__name__ == "NVMLLibraryMismatchError":
+        return FUNCTION_NOT_FOUND  # an unversioned call the driver is too old for
     value = getattr(error, "value", None)
     return value if isinstance(value, int) else None
 
@@ -101,9 +110,13 @@ def error_code(error: BaseException) -> int | None:
 def explain(error: BaseException) -> str:
     """One line: what NVML said and what usually causes it."""
     code = error_code(error)
+    return explain_code(code) if code is not None else f"NVML failed ({type(error).__name__})"
+
+
+def explain_code(code: int | None) -> str:
     info = NVML_ERRORS.get(code) if code is not None else None
     if info is None:
-        return f"NVML error {code if code is not None else type(error).__name__}"
+        return f"NVML error {code}"
     return f"{info.label} — {info.usual_cause}"
 
 
@@ -112,7 +125,7 @@ class Nvml:
 
     def __init__(self, library: Any) -> None:
         self._library = library
-        self._error_type: type[BaseException] = getattr(library, "NVMLError", Exception)
+        self._error_types = nvml_error_types(library)
         self._missing: set[str] = set()
         self._lock = threading.Lock()
 
@@ -122,7 +135,7 @@ class Nvml:
 
     @property
     def missing_functions(self) -> tuple[str, ...]:
-        """Functions this driver (or nvidia-ml-py) lacks, in the order they were first needed."""
+        """Functions this driver (or nvidia-ml-py) lacks, sorted by name."""
         with self._lock:
             return tuple(sorted(self._missing))
 
@@ -132,37 +145,50 @@ class Nvml:
 
     def query(self, function_name: str, *args: object) -> Any | None:
         """Call an NVML function; ``None`` if the driver cannot answer (the field shows N/A)."""
-        function = self._function(function_name)
-        if function is None:
-            return None
+        return self.attempt(function_name, *args)[0]
+
+    def query_any(self, function_names: tuple[str, ...], *args: object) -> Any | None:
+        """The first of several versions of a query that the driver answers (newest first)."""
+        for function_name in function_names:
+            value, code = self._call(function_name, args)
+            if code is None:
+                return value
+            if code != FUNCTION_NOT_FOUND:
+                return None
+        self._note_missing(function_names[0])
+        return None
+
+    def attempt(self, function_name: str, *args: object) -> tuple[Any | None, int | None]:
+        """Like :meth:`query`, also returning the NVML error code (None on success)."""
+        value, code = self._call(function_name, args)
+        if code == FUNCTION_NOT_FOUND:
+            self._note_missing(function_name)
+        return value, code
+
+    def _call(self, function_name: str, args: tuple[object, ...]) -> tuple[Any | None, int | None]:
+        function = getattr(self._library, function_name, None)
+        if not callable(function):
+            return None, FUNCTION_NOT_FOUND
         try:
-            return function(*args)
-        except self._error_type as error:
-            if error_code(error) == FUNCTION_NOT_FOUND:
-                self._note_missing(function_name)
-            else:
+            return function(*args), None
+        except self._error_types as error:
+            code = error_code(error)
+            if code != FUNCTION_NOT_FOUND:
                 logger.debug("NVML %s: %s", function_name, explain(error))
-            return None
+            return None, code
 
     def require(self, function_name: str, *args: object) -> Any:
         """Call an NVML function whose answer we cannot do without; raises NvmlUnavailable."""
-        function = self._function(function_name)
-        if function is None:
+        function = getattr(self._library, function_name, None)
+        if not callable(function):
             raise NvmlUnavailable(f"the NVIDIA driver lacks {function_name}; update the driver")
         try:
             return function(*args)
-        except self._error_type as error:
+        except self._error_types as error:
             raise NvmlUnavailable(f"{function_name} failed: {explain(error)}") from error
 
     def shutdown(self) -> None:
         self.query("nvmlShutdown")
-
-    def _function(self, function_name: str) -> Callable[..., Any] | None:
-        function = getattr(self._library, function_name, None)
-        if not callable(function):
-            self._note_missing(function_name)
-            return None
-        return function  # type: ignore[no-any-return]
 
     def _note_missing(self, function_name: str) -> None:
         with self._lock:
@@ -185,10 +211,9 @@ def import_pynvml() -> ModuleType:
 def open_nvml(library: Any | None = None) -> Nvml:
     """Initialize NVML from ``library`` (default: the real ``pynvml``); raises NvmlUnavailable."""
     library = import_pynvml() if library is None else library
-    error_type: type[BaseException] = getattr(library, "NVMLError", Exception)
     try:
         library.nvmlInit()
-    except error_type as error:
+    except nvml_error_types(library) as error:
         raise NvmlUnavailable(explain(error)) from error
     return Nvml(library)
 
