@@ -31,7 +31,12 @@ class HomelabError(Exception):
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         self.message = message
         self.hint = hint
-        super().__init__(message if hint is None else f"{message} {hint}")
+        super().__init__(message if hint is None else f"{_sentence(message)} {hint}")
+
+
+def _sentence(text: str) -> str:
+    """End ``text`` with punctuation so a hint can follow it."""
+    return text if text.rstrip().endswith((".", "!", "?", ":")) else f"{text.rstrip()}."
 
 
 class ModelFileError(HomelabError):

@@ -18,12 +18,12 @@ from typing import Any
 
 log = logging.getLogger("homelab.llama")
 
-_LEVELS = {
+_LEVELS = {  # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5
     0: logging.CRITICAL,
-    1: logging.INFO,
-    2: logging.WARNING,
-    3: logging.ERROR,
-    4: logging.DEBUG,
+    1: logging.DEBUG,
+    2: logging.INFO,
+    3: logging.WARNING,
+    4: logging.ERROR,
 }
 _CONT = 5  # GGML_LOG_LEVEL_CONT: continues the previous line
 

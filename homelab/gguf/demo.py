@@ -263,15 +263,21 @@ def _write_tokenizer(writer: gguf.GGUFWriter, n_vocab: int) -> None:
     writer.add_chat_template(v.CHAT_TEMPLATE)
 
 
-def write_f16_model(path: Path, arch: str, size: str = "tiny", seed: int = 0) -> Path:
-    """Write the F16 demo model for ``arch``/``size`` to ``path`` (atomically)."""
+def write_f16_model(
+    path: Path, arch: str, size: str = "tiny", seed: int = 0, *, split_max_tensors: int = 0
+) -> Path:
+    """Write the F16 demo model for ``arch``/``size`` to ``path`` (atomically).
+
+    With ``split_max_tensors`` > 0 the model is written as a split set
+    ``<stem>-0000N-of-0000M.gguf`` next to ``path`` (llama.cpp's own layout, metadata in the
+    first part) and the first part's path is returned.
+    """
     spec = spec_for(arch, size)
     name = f"homelab-demo-{arch}-{size}"
     ensure_dir(path.parent)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".partial", delete=False) as tmp:
-        tmp_path = Path(tmp.name)
-    try:
-        writer = gguf.GGUFWriter(tmp_path, spec.arch)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".partial-") as staging_dir:
+        staging = Path(staging_dir) / path.name
+        writer = gguf.GGUFWriter(staging, spec.arch, split_max_tensors=split_max_tensors)
         _write_hparams(writer, spec, name)
         _write_tokenizer(writer, spec.n_vocab)
         for tensor_name, data in _tensors(spec, seed):
@@ -280,10 +286,10 @@ def write_f16_model(path: Path, arch: str, size: str = "tiny", seed: int = 0) ->
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp_path, path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-    return path
+        written = sorted(Path(staging_dir).iterdir())
+        for part in written:
+            os.replace(part, path.parent / part.name)
+    return path.parent / written[0].name
 
 
 def demo_model_path(

@@ -28,6 +28,7 @@ MAX_ARRAY_ITEMS = 1 << 24  # vocabularies are ~256k; 16M is generous
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_HEADER_BYTES = 1 << 30  # a header over 1 GiB is not a model header
 KEPT_ARRAY_ITEMS = 4096  # arrays longer than this are summarised, not kept
+READ_CHUNK_BYTES = 1 << 20  # big reads go in chunks, so a lying length never allocates much
 
 _SCALAR_FORMATS: dict[int, str] = {
     gguf.GGUFValueType.UINT8: "<B",
@@ -91,13 +92,33 @@ class _Stream:
     def read(self, n: int, what: str) -> bytes:
         if self.position + n > MAX_HEADER_BYTES:
             raise self.fail(f"header larger than {MAX_HEADER_BYTES >> 20} MiB while reading {what}")
-        data = self._source.read(n)
-        if len(data) != n:
-            raise self.fail(
-                f"file is truncated: ended at byte {self.position + len(data)} while reading {what}"
-            )
+        if n <= READ_CHUNK_BYTES:
+            data = self._source.read(n)
+            if len(data) == n:  # the common case: one call, no copies
+                self.position += n
+                return data
+            chunks = [data]
+        else:
+            chunks = []
+        received = sum(len(chunk) for chunk in chunks)
+        while received < n:  # short reads are legal for streams; only b"" means the end
+            chunk = self._source.read(min(n - received, READ_CHUNK_BYTES))
+            if not chunk:
+                raise self.fail(
+                    f"file is truncated: ended at byte {self.position + received} "
+                    f"while reading {what}"
+                )
+            chunks.append(chunk)
+            received += len(chunk)
         self.position += n
-        return data
+        return b"".join(chunks)
+
+    def skip(self, n: int, what: str) -> None:
+        """Read and drop ``n`` bytes, a chunk at a time."""
+        while n > 0:
+            step = min(n, READ_CHUNK_BYTES)
+            self.read(step, what)
+            n -= step
 
     def unpack(self, fmt: str, what: str) -> int | float | bool:
         value: int | float | bool = struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
@@ -142,13 +163,15 @@ def _read_array(stream: _Stream, key: str) -> object:
         )
     if item_type == gguf.GGUFValueType.ARRAY:
         raise stream.fail(f"key {key!r} is a nested array, which GGUF models do not use")
-    keep = length <= KEPT_ARRAY_ITEMS
+    if length <= KEPT_ARRAY_ITEMS:
+        return tuple(_read_value(stream, item_type, key) for _ in range(length))
     fmt = _SCALAR_FORMATS.get(item_type)
-    if fmt is not None and not keep:
-        stream.read(struct.calcsize(fmt) * length, f"array {key!r}")
-        return ArraySummary(item_type, length)
-    items = [_read_value(stream, item_type, key) for _ in range(length)]
-    return tuple(items) if keep else ArraySummary(item_type, length)
+    if fmt is not None:
+        stream.skip(struct.calcsize(fmt) * length, f"array {key!r}")
+    else:
+        for _ in range(length):  # strings: each has its own length; keep none of them
+            _read_value(stream, item_type, key)
+    return ArraySummary(item_type, length)
 
 
 def _tensor_bytes(stream: _Stream, name: str, ggml_type: int, shape: tuple[int, ...]) -> int:
@@ -180,6 +203,26 @@ def _read_tensor(stream: _Stream, index: int) -> RawTensor:
     return RawTensor(name, ggml_type, type_name, shape, n_bytes, offset)
 
 
+def _read_metadata(stream: _Stream, n_kv: int) -> dict[str, object]:
+    metadata: dict[str, object] = {}
+    for index in range(n_kv):
+        key = stream.string(f"key {index}")
+        if key in metadata:
+            raise stream.fail(f"metadata key {key!r} appears twice")
+        metadata[key] = _read_value(stream, stream.u32(f"type of {key!r}"), key)
+    return metadata
+
+
+def _read_tensors(stream: _Stream, n_tensors: int) -> tuple[RawTensor, ...]:
+    tensors: dict[str, RawTensor] = {}
+    for index in range(n_tensors):
+        tensor = _read_tensor(stream, index)
+        if tensor.name in tensors:
+            raise stream.fail(f"tensor {tensor.name!r} appears twice")
+        tensors[tensor.name] = tensor
+    return tuple(tensors.values())
+
+
 def parse_header(source: Readable | BinaryIO, label: str) -> RawHeader:
     """Parse a GGUF header from ``source`` (positioned at byte 0). ``label`` names it in errors."""
     stream = _Stream(source, label)
@@ -195,24 +238,34 @@ def parse_header(source: Readable | BinaryIO, label: str) -> RawHeader:
         raise stream.fail(f"header claims {n_tensors:,} tensors (limit {MAX_TENSORS:,})")
     if n_kv > MAX_KV:
         raise stream.fail(f"header claims {n_kv:,} metadata keys (limit {MAX_KV:,})")
-    metadata: dict[str, object] = {}
-    for index in range(n_kv):
-        key = stream.string(f"key {index}")
-        metadata[key] = _read_value(stream, stream.u32(f"type of {key!r}"), key)
-    tensors = tuple(_read_tensor(stream, index) for index in range(n_tensors))
+    metadata = _read_metadata(stream, n_kv)
+    tensors = _read_tensors(stream, n_tensors)
     alignment = metadata.get("general.alignment", 32)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise stream.fail(f"general.alignment {alignment!r} is not a power of two")
+    _check_layout(stream, tensors, alignment)
     data_offset = -(-stream.position // alignment) * alignment
     return RawHeader(version, metadata, tensors, alignment, data_offset)
+
+
+def _check_layout(stream: _Stream, tensors: tuple[RawTensor, ...], alignment: int) -> None:
+    """Tensor data must be packed in order, each one padded to the alignment (as llama.cpp
+    requires): anything else is a corrupt header, not a short file."""
+    expected = 0
+    for tensor in tensors:
+        if tensor.offset != expected:
+            problem = "is not aligned" if tensor.offset % alignment else "is out of place"
+            raise stream.fail(
+                f"tensor {tensor.name!r} data offset {tensor.offset:,} {problem} "
+                f"(expected {expected:,}; llama.cpp would refuse this file)"
+            )
+        expected += -(-tensor.n_bytes // alignment) * alignment
 
 
 def check_data_fits(header: RawHeader, file_bytes: int, label: str) -> None:
     """Raise if the tensor data the header describes runs past the end of the file."""
     for tensor in header.tensors:
         end = header.data_offset + tensor.offset + tensor.n_bytes
-        if tensor.offset % header.alignment:
-            raise ModelFileError(label, f"tensor {tensor.name!r} offset is not aligned")
         if end > file_bytes:
             raise ModelFileError(
                 label,

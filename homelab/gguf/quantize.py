@@ -1,12 +1,27 @@
-"""Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``)."""
+"""Quantize a GGUF with llama.cpp's own quantizer (``llama_model_quantize``).
+
+:func:`quantize_file` writes the output atomically and never touches the source.
+:func:`quantize_with_provenance` adds what a user-facing run needs: the exact output size
+from llama.cpp's dry run, a free-disk check before writing, per-tensor progress, and a
+sidecar ``<target>.homelab.json`` recording where the file came from, so ``homelab quality``
+can compare the two files.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from homelab.errors import ModelFileError
+from homelab.gguf.reader import split_parts
 
 # quant label -> llama_ftype value (llama.h LLAMA_FTYPE_MOSTLY_*)
 FTYPES = {
@@ -23,40 +38,225 @@ FTYPES = {
     "IQ4_NL": 25,
     "BF16": 32,
     "Q5_0": 8,
+    "Q3_K_L": 13,
+    "Q3_K_S": 11,
+    "Q2_K": 10,
 }
+ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q3_K": "Q3_K_M"}
+PROVENANCE_SUFFIX = ".homelab.json"
+DISK_MARGIN_BYTES = 64 << 20  # the dry run's size is rounded; keep some room besides
+_TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
+_QUANT_SIZE = re.compile(r"quant size\s*=\s*([\d.]+) MiB")
+_PROGRESS_POLL_S = 0.2
+
+Progress = Callable[[int, int], None]  # (tensors done, tensors total)
 
 
-def quantize_file(source: Path, target: Path, quant: str, n_threads: int | None = None) -> Path:
+@dataclass(frozen=True)
+class Provenance:
+    """Where a locally quantized file came from (the sidecar JSON's content)."""
+
+    source: str  # absolute path of the file that was quantized
+    source_bytes: int
+    source_file_type: str  # e.g. "F16", "BF16", "Q8_0"
+    quant: str  # the type requested, e.g. "Q4_K_M"
+    target: str
+    target_bytes: int
+    requantized: bool  # the source was already quantized (lower quality than from F16/BF16)
+    created: str  # ISO 8601, UTC
+    tool: str  # e.g. "llama-cpp-python 0.3.36 llama_model_quantize"
+
+
+def canonical_quant(quant: str, source: Path | None = None) -> str:
+    """The FTYPES key for ``quant`` (case and aliases forgiven), or ModelFileError."""
+    label = ALIASES.get(quant.strip().upper(), quant.strip().upper())
+    if label not in FTYPES:
+        raise ModelFileError(
+            source or "quantize",
+            f"cannot quantize to {quant!r}",
+            hint=f"Choose one of {', '.join(sorted(FTYPES))}.",
+        )
+    return label
+
+
+def _params(
+    quant: str, n_threads: int | None, *, dry_run: bool = False, allow_requantize: bool = True
+) -> object:
+    from homelab.llamacpp import llama
+
+    params = llama().llama_model_quantize_default_params()
+    params.ftype = FTYPES[quant]
+    params.nthread = n_threads or os.cpu_count() or 1
+    params.allow_requantize = allow_requantize  # Q8_0 -> Q4_K_M is a legitimate request
+    params.dry_run = dry_run
+    return params
+
+
+def quantized_size_bytes(source: Path, quant: str) -> int:
+    """The output size llama.cpp will write, from its dry run (milliseconds, writes nothing)."""
+    from homelab.llamacpp import capture_log, joined, llama
+
+    quant = canonical_quant(quant, source)
+    with tempfile.TemporaryDirectory() as scratch, capture_log() as lines:
+        status = llama().llama_model_quantize(
+            str(source).encode(),
+            str(Path(scratch) / "dry-run.gguf").encode(),
+            _params(quant, 1, dry_run=True),
+        )
+    match = _QUANT_SIZE.search(joined(lines))
+    if status != 0 or match is None:
+        raise ModelFileError(
+            source,
+            f"llama.cpp cannot quantize it to {quant} (status {status})",
+            hint=_last_error(lines),
+        )
+    return int(float(match[1]) * (1 << 20))
+
+
+def require_free_disk(folder: Path, needed_bytes: int, what: str) -> None:
+    free_bytes = shutil.disk_usage(folder).free
+    if free_bytes < needed_bytes:
+        raise ModelFileError(
+            folder,
+            f"not enough free disk for {what}: needs "
+            f"{needed_bytes / 2**30:.2f} GiB, {free_bytes / 2**30:.2f} GiB free",
+            hint="Free some space or choose another output folder (--output).",
+        )
+
+
+def _last_error(lines: list[str]) -> str:
+    errors = [line.strip() for line in lines if "error" in line.lower() or "failed" in line.lower()]
+    return errors[-1] if errors else "See the log for details."
+
+
+class _TensorProgress:
+    """Reports llama.cpp's ``[  i/  n] tensor`` log lines to ``progress`` from a side thread.
+
+    ``llama_model_quantize`` blocks in C (without the GIL); its log lines arrive on the
+    calling thread through homelab's log capture, and this thread forwards the count.
+    """
+
+    def __init__(self, lines: list[str], progress: Progress) -> None:
+        self._lines = lines
+        self._progress = progress
+        self._stop = threading.Event()
+        self._last = (0, 0)
+        self._thread = threading.Thread(target=self._run, name="quantize-progress", daemon=True)
+
+    def __enter__(self) -> _TensorProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._report()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_PROGRESS_POLL_S):
+            self._report()
+
+    def _report(self) -> None:
+        for line in reversed(self._lines[-4:]):
+            match = _TENSOR_LINE.match(line)
+            if match:
+                done = (int(match[1]), int(match[2]))
+                if done != self._last:
+                    self._last = done
+                    self._progress(*done)
+                return
+
+
+def quantize_file(
+    source: Path,
+    target: Path,
+    quant: str,
+    n_threads: int | None = None,
+    *,
+    progress: Progress | None = None,
+) -> Path:
     """Write ``source`` quantized to ``quant`` at ``target`` (atomic; never touches source)."""
     from homelab.llamacpp import capture_log, llama
 
     llama_cpp = llama()
-    ftype = FTYPES.get(quant.upper())
-    if ftype is None:
-        raise ModelFileError(
-            source,
-            f"cannot quantize to {quant!r}",
-            hint=f"Choose one of {', '.join(sorted(FTYPES))}.",
-        )
+    quant = canonical_quant(quant, source)
     if target.resolve() == source.resolve():
         raise ModelFileError(
             target, "the output would overwrite the source file", hint="Choose another output path."
         )
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    params.nthread = n_threads or os.cpu_count() or 1
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".partial", delete=False) as tmp:
         tmp_path = Path(tmp.name)
     try:
-        with capture_log():  # llama.cpp prints every tensor; keep the terminal clean
-            status = llama_cpp.llama_model_quantize(
-                str(source).encode(), str(tmp_path).encode(), params
-            )
+        with capture_log() as lines:  # llama.cpp prints every tensor; keep the terminal clean
+            with _TensorProgress(lines, progress or (lambda done, total: None)):
+                status = llama_cpp.llama_model_quantize(
+                    str(source).encode(), str(tmp_path).encode(), _params(quant, n_threads)
+                )
         if status != 0:
             raise ModelFileError(
-                source, f"llama.cpp failed to quantize it to {quant} (status {status})"
+                source,
+                f"llama.cpp failed to quantize it to {quant} (status {status})",
+                hint=_last_error(lines),
             )
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)
     return target
+
+
+def provenance_path(target: Path) -> Path:
+    return target.with_name(target.name + PROVENANCE_SUFFIX)
+
+
+def read_provenance(target: Path) -> Provenance | None:
+    """The sidecar record of a locally quantized file, or None (absent or unreadable)."""
+    try:
+        data = json.loads(provenance_path(target).read_text())
+        return Provenance(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _tool_label() -> str:
+    try:
+        from importlib.metadata import version
+
+        return f"llama-cpp-python {version('llama-cpp-python')} llama_model_quantize"
+    except Exception:  # metadata missing in odd installs: the record is still useful
+        return "llama-cpp-python llama_model_quantize"
+
+
+def quantize_with_provenance(
+    source: Path,
+    target: Path,
+    quant: str,
+    *,
+    source_file_type: str,
+    n_threads: int | None = None,
+    progress: Progress | None = None,
+) -> Provenance:
+    """Check disk, quantize, and write ``<target>.homelab.json``; returns the record."""
+    quant = canonical_quant(quant, source)
+    if target.exists():
+        raise ModelFileError(
+            target,
+            "already exists; homelab does not overwrite model files",
+            hint="Delete it first or choose another --output.",
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    needed = quantized_size_bytes(source, quant) + DISK_MARGIN_BYTES
+    require_free_disk(target.parent, needed, f"the {quant} file")
+    quantize_file(source, target, quant, n_threads, progress=progress)
+    record = Provenance(
+        source=str(source.resolve()),
+        source_bytes=sum(p.stat().st_size for p in split_parts(source)),
+        source_file_type=source_file_type,
+        quant=quant,
+        target=str(target.resolve()),
+        target_bytes=target.stat().st_size,
+        requantized=source_file_type.upper() not in ("F32", "F16", "BF16"),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        tool=_tool_label(),
+    )
+    provenance_path(target).write_text(json.dumps(asdict(record), indent=2) + "\n")
+    return record

@@ -94,6 +94,7 @@ def model_from_headers(
     headers: list[RawHeader], source: str, file_bytes: int, default_name: str
 ) -> ModelInfo:
     """Combine the headers of one file or of every part of a split set."""
+    _check_split_keys(headers, source)
     meta = headers[0].metadata
     tensors = tuple(
         TensorInfo(t.name, t.ggml_type, t.type_name, t.shape, t.n_bytes, t.offset)
@@ -101,6 +102,36 @@ def model_from_headers(
         for t in header.tensors
     )
     return _ModelBuilder(meta, source).build(tensors, file_bytes, len(headers), default_name)
+
+
+def _check_split_keys(headers: list[RawHeader], source: str) -> None:
+    """The ``split.*`` keys llama.cpp checks must agree with the set of files we found."""
+    declared_parts = headers[0].metadata.get("split.count", 1)
+    if declared_parts != len(headers):
+        found = "a single file" if len(headers) == 1 else f"a set of {len(headers)} files"
+        raise ModelFileError(
+            source,
+            f"its split.count says {declared_parts!r} parts but it was found as {found}",
+            hint="Keep the original -0000N-of-0000M.gguf names and download every part.",
+        )
+    if len(headers) == 1:
+        return
+    for index, header in enumerate(headers):
+        if header.metadata.get("split.no") != index:
+            raise ModelFileError(
+                source,
+                f"part {index + 1} has split.no {header.metadata.get('split.no')!r}, "
+                f"expected {index}",
+                hint="The parts are mixed up or from different models.",
+            )
+    declared_tensors = headers[0].metadata.get("split.tensors.count")
+    found_tensors = sum(len(header.tensors) for header in headers)
+    if declared_tensors != found_tensors:
+        raise ModelFileError(
+            source,
+            f"the split set declares {declared_tensors} tensors but its parts hold {found_tensors}",
+            hint="The parts are mixed up or from different models.",
+        )
 
 
 class _ModelBuilder:

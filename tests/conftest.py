@@ -1,0 +1,48 @@
+"""Fixtures shared by every test package.
+
+- Every test session gets its own ``HOMELAB_HOME`` (config, data, caches) in a temp dir, so
+  tests never read or write the developer's real settings.
+- Generated demo models are the exception: they take seconds to build and never change for
+  a given generator version, so they live in ``HOMELAB_DEMO_CACHE`` (default
+  ``~/.cache/homelab-test-models``) and are reused across runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+DEFAULT_TEST_DEMO_CACHE = Path("~/.cache/homelab-test-models").expanduser()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def homelab_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh HOMELAB_HOME for the session; demo models stay in the persistent cache."""
+    home = tmp_path_factory.mktemp("homelab-home")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HOMELAB_HOME", str(home))
+    patch.setenv(
+        "HOMELAB_DEMO_CACHE", os.environ.get("HOMELAB_DEMO_CACHE") or str(DEFAULT_TEST_DEMO_CACHE)
+    )
+    yield home
+    patch.undo()
+
+
+DemoModelFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> DemoModelFactory:
+    """``demo_model(arch, size="tiny", quant="F16") -> Path``: a generated, cached GGUF.
+
+    The weights are random: the model loads and generates, but its text means nothing.
+    """
+    from homelab.gguf.demo import demo_model_path
+
+    def make(arch: str = "llama", size: str = "tiny", quant: str = "F16") -> Path:
+        return demo_model_path(arch, size, quant)
+
+    return make
