@@ -68,6 +68,7 @@ class RequestStats:
     prefill_tok_s: float
     decode_tok_s: float
     queue_s: float
+    evaluated_tokens: int = 0  # prompt tokens actually evaluated (prompt_tokens - cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,6 @@ class EngineMetrics:
     requests_total: int
     requests_by_status: Mapping[str, int]
     last_ttft_s: float | None
+    steps_total: int = 0  # scheduler steps (llama_decode calls) so far
+    prefill_tokens_total: int = 0
+    decode_tokens_total: int = 0

@@ -140,7 +140,7 @@ class _TensorProgress:
         self._lines = lines
         self._progress = progress
         self._stop = threading.Event()
-        self._last = (0, 0)
+        self._seen = 0
         self._thread = threading.Thread(target=self._run, name="quantize-progress", daemon=True)
 
     def __enter__(self) -> _TensorProgress:
@@ -157,14 +157,17 @@ class _TensorProgress:
             self._report()
 
     def _report(self) -> None:
-        for line in reversed(self._lines[-4:]):
+        end = len(self._lines)
+        new_lines, self._seen = self._lines[self._seen : end], end
+        for line in reversed(new_lines):
             match = _TENSOR_LINE.match(line)
             if match:
-                done = (int(match[1]), int(match[2]))
-                if done != self._last:
-                    self._last = done
-                    self._progress(*done)
+                self._progress(int(match[1]), int(match[2]))
                 return
+
+
+def _no_progress(done: int, total: int) -> None:
+    pass
 
 
 def quantize_file(
@@ -187,11 +190,12 @@ def quantize_file(
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".partial", delete=False) as tmp:
         tmp_path = Path(tmp.name)
     try:
-        with capture_log() as lines:  # llama.cpp prints every tensor; keep the terminal clean
-            with _TensorProgress(lines, progress or (lambda done, total: None)):
-                status = llama_cpp.llama_model_quantize(
-                    str(source).encode(), str(tmp_path).encode(), _params(quant, n_threads)
-                )
+        # llama.cpp logs every tensor: the lines are captured (the terminal stays clean) and
+        # counted for the progress callback
+        with capture_log() as lines, _TensorProgress(lines, progress or _no_progress):
+            status = llama_cpp.llama_model_quantize(
+                str(source).encode(), str(tmp_path).encode(), _params(quant, n_threads)
+            )
         if status != 0:
             raise ModelFileError(
                 source,

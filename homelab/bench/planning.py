@@ -1,0 +1,129 @@
+"""What bench and quality ask the planner: the planned configuration, and what fits.
+
+``--budget BYTES`` replaces the budget of the device the model runs on (the first GPU, or the
+host when there is none) so a user — and the tests — can see on a CPU where each K/V type
+runs out of room. Every "fits / does not fit" in the concurrency table is the planner's
+answer for exactly that (slots, context, K/V type) with every layer on the GPU, never a
+guess of our own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from homelab.bench.concurrency import FitCheck, FitVerdict
+from homelab.errors import BenchError, ModelFileError, PlanError
+from homelab.gguf.model import ModelInfo
+from homelab.planner.budget import Hardware, resolve_hardware
+from homelab.planner.cache import pad, slot_settings_ctx
+from homelab.planner.memory import estimate_memory
+from homelab.planner.plan import Plan, plan_model
+from homelab.planner.search import PlanRequest
+from homelab.planner.settings import Settings
+from homelab.planner.sizes import format_size, parse_size
+
+
+def resolve_model_path(spec: str) -> Path:
+    """A GGUF path, or a generated demo model: ``demo``, ``demo:bench``, ``demo:bench:Q8_0``,
+    or the engine's ``demo:ARCH:SIZE:QUANT`` form."""
+    if spec.lower() == "demo" or spec.lower().startswith("demo:"):
+        return _demo_path(spec.split(":")[1:])
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise ModelFileError(
+            path, "file not found", hint="Give a .gguf file, or `demo:bench` for the demo model."
+        )
+    return path
+
+
+def _demo_path(parts: list[str]) -> Path:
+    from homelab.gguf.demo import ARCHS, demo_model_path
+
+    arch = parts.pop(0) if parts and parts[0] in ARCHS else "llama"
+    size = parts[0] if parts and parts[0] else "tiny"
+    quant = parts[1] if len(parts) > 1 else "F16"
+    return demo_model_path(arch, size, quant)
+
+
+def parse_budget(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return parse_size(text)
+    except PlanError as error:
+        raise BenchError(f"--budget: {error}") from error
+
+
+def bench_hardware(budget_bytes: int | None) -> Hardware:
+    """This machine as the planner sees it, with ``budget_bytes`` on the device the model uses."""
+    hardware = resolve_hardware()
+    if budget_bytes is None:
+        return hardware
+    target = hardware.gpus[0] if hardware.has_gpu else hardware.cpu
+    budgeted = replace(
+        target,
+        budget_bytes=budget_bytes,
+        budget_note=f"{format_size(budget_bytes)} given with --budget",
+    )
+    devices = tuple(budgeted if device is target else device for device in hardware.devices)
+    return replace(hardware, devices=devices)
+
+
+def profile_hardware_id(hardware: Hardware) -> str:
+    """The id the planner looks measured profiles up by (GPU profile id / NVML name, or cpu)."""
+    device = hardware.gpus[0] if hardware.has_gpu else hardware.cpu
+    return device.hardware_id or device.label
+
+
+def planned(info: ModelInfo, hardware: Hardware, ctx: int | None = None) -> Plan:
+    """The plan for exactly this weights file (its quant is fixed) on ``hardware``."""
+    try:
+        return plan_model(info, hardware, PlanRequest(ctx=ctx), verify=False)
+    except PlanError as error:
+        raise BenchError(
+            f"the planner finds no configuration of {info.name} that fits: {error}",
+            hint="Give a larger --budget, or a smaller quant of the model.",
+        ) from error
+
+
+def fit_check(info: ModelInfo, hardware: Hardware, n_ctx_per_request: int) -> FitCheck:
+    """The planner's verdict on (K/V type, slots) at the fixed per-request context."""
+    full_offload = info.n_layer + 1 if hardware.has_gpu else None
+
+    def check(kv_type: str, concurrency: int) -> FitVerdict:
+        request = PlanRequest(
+            goal="throughput",
+            ctx=n_ctx_per_request,
+            parallel=concurrency,
+            kv=(kv_type, kv_type),
+            flash_attn=True,
+            n_gpu_layers=full_offload,
+        )
+        try:
+            plan = plan_model(info, hardware, request, verify=False)
+        except PlanError as error:
+            needed = _needed_bytes(info, hardware, kv_type, concurrency, n_ctx_per_request)
+            return FitVerdict(False, None, needed, error.message)
+        if not plan.fits:
+            return FitVerdict(False, None, plan.memory.total_bytes, "over the budget")
+        return FitVerdict(True, plan.settings, plan.memory.total_bytes)
+
+    return check
+
+
+def _needed_bytes(
+    info: ModelInfo, hardware: Hardware, kv_type: str, concurrency: int, n_ctx_per_request: int
+) -> int:
+    """What the configuration the planner refused would take (for the table)."""
+    settings = Settings(
+        quant=info.file_type,
+        n_ctx=slot_settings_ctx(n_ctx_per_request, concurrency),
+        n_ctx_per_slot=pad(n_ctx_per_request),
+        n_parallel=concurrency,
+        type_k=kv_type,
+        type_v=kv_type,
+        flash_attn=True,
+        n_gpu_layers=info.n_layer + 1 if hardware.has_gpu else 0,
+    )
+    return estimate_memory(info, settings, hardware).total_bytes

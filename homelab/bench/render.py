@@ -1,0 +1,268 @@
+"""Terminal output of ``homelab bench`` and ``homelab quality``: tables, a chart, progress.
+
+Everything here turns result objects into rich renderables; nothing measures. The progress
+bar writes to stderr (stdout stays one JSON document with ``--json``) and only when stderr is
+a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from rich.console import Console, Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from homelab.bench.concurrency import ConcurrencyTable, LevelResult
+from homelab.bench.profile import SpeedResult, Spread
+from homelab.bench.quality import QualityResult, QualityRow, perplexity_change
+from homelab.planner.settings import Settings
+
+KV_STYLES = {"f16": "cyan", "q8_0": "green", "q4_0": "magenta"}
+CHART_WIDTH = 40
+MIB = 1024 * 1024
+
+Advance = Callable[[str], None]
+
+
+# --- progress ----------------------------------------------------------------------------
+
+
+@contextmanager
+def progress_bar(total: int, title: str, *, enabled: bool | None = None) -> Iterator[Advance]:
+    """A bar on stderr; yields ``advance(what_just_finished)``."""
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        yield lambda _what: None
+        return
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[last]}"),
+    )
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(title, total=total, last="")
+        yield lambda what: progress.update(task, advance=1, last=what)
+
+
+# --- formatting helpers ------------------------------------------------------------------
+
+
+def tok_s(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value * 1000:.0f} ms" if value < 10 else f"{value:.1f} s"
+
+
+def mib(n_bytes: int | None) -> str:
+    return "—" if n_bytes is None else f"{n_bytes / MIB:,.1f} MiB"
+
+
+def kv_label(settings: Settings) -> str:
+    if settings.type_k == settings.type_v:
+        return settings.type_k
+    return f"K {settings.type_k} / V {settings.type_v}"
+
+
+def settings_line(settings: Settings) -> str:
+    attention = ", flash attention" if settings.flash_attn else ""
+    return (
+        f"{settings.quant} weights, K/V {kv_label(settings)}{attention}, "
+        f"{settings.n_parallel} slot(s) × {settings.n_ctx_per_slot} tokens, "
+        f"{settings.n_gpu_layers} GPU layers"
+    )
+
+
+# --- bench -------------------------------------------------------------------------------
+
+
+def speed_table(result: SpeedResult) -> Table:
+    table = Table(
+        title=f"Speed of the planned configuration ({result.repetitions} runs after a warm-up)",
+        caption=settings_line(result.settings),
+        title_justify="left",
+    )
+    table.add_column("test")
+    table.add_column("median tok/s", justify="right")
+    table.add_column("min – max", justify="right")
+    table.add_column("spread", justify="right")
+    for label, spread in (
+        (result.pp_label, result.prefill_tok_s),
+        (result.tg_label, result.decode_tok_s),
+    ):
+        table.add_row(label, tok_s(spread.median), _range(spread), f"±{spread.relative_spread:.1%}")
+    return table
+
+
+def _range(spread: Spread) -> str:
+    return f"{tok_s(spread.low)} – {tok_s(spread.high)}"
+
+
+def concurrency_table(table: ConcurrencyTable) -> Table:
+    budget = f", budget {mib(table.budget_bytes)}" if table.budget_bytes else ""
+    out = Table(
+        title=(
+            f"Concurrency × K/V type: {table.n_ctx_per_request} tokens of context per request, "
+            f"{table.prompt_tokens}-token prompts, {table.generated_tokens} generated{budget}"
+        ),
+        caption=(
+            f"median of {table.repeats} run(s) per cell; "
+            "TTFT includes waiting for the other requests' prefill"
+        ),
+        title_justify="left",
+    )
+    for name, justify in (
+        ("K/V", "left"),
+        ("requests", "right"),
+        ("memory (planned)", "right"),
+        ("aggregate tok/s", "right"),
+        ("per stream tok/s", "right"),
+        ("TTFT p50", "right"),
+        ("TTFT p95", "right"),
+    ):
+        out.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for kv_type in table.kv_types:
+        for level in table.levels:
+            cell = table.cell(kv_type, level)
+            if cell is not None:
+                out.add_row(*_cell_row(cell), style=KV_STYLES.get(kv_type))
+        out.add_section()
+    return out
+
+
+def _cell_row(cell: LevelResult) -> list[str]:
+    head = [cell.kv_type, str(cell.concurrency), mib(cell.predicted_bytes)]
+    if not cell.fits:
+        return [*head, "does not fit", "", "", ""]
+    return [
+        *head,
+        tok_s(cell.aggregate_decode_tok_s),
+        tok_s(cell.mean_stream_decode_tok_s),
+        seconds(cell.ttft_p50_s),
+        seconds(cell.ttft_p95_s),
+    ]
+
+
+def concurrency_chart(table: ConcurrencyTable, width: int = CHART_WIDTH) -> Group:
+    """Horizontal bars of aggregate decode tok/s, grouped by concurrency, one per K/V type."""
+    values = [c.aggregate_decode_tok_s or 0.0 for c in table.cells]
+    peak = max(values, default=0.0) or 1.0
+    lines = [Text("aggregate decode tok/s vs concurrency", style="bold")]
+    label_width = max((len(kv) for kv in table.kv_types), default=4)
+    for level in table.levels:
+        for index, kv_type in enumerate(table.kv_types):
+            cell = table.cell(kv_type, level)
+            if cell is None:
+                continue
+            prefix = f"{level:>4} " if index == 0 else " " * 5
+            lines.append(_chart_line(prefix, kv_type.ljust(label_width), cell, peak, width))
+    return Group(*lines)
+
+
+def _chart_line(prefix: str, label: str, cell: LevelResult, peak: float, width: int) -> Text:
+    line = Text(prefix)
+    line.append(label + " ", style=KV_STYLES.get(cell.kv_type))
+    if not cell.fits:
+        return line.append("does not fit", style="dim")
+    value = cell.aggregate_decode_tok_s or 0.0
+    line.append(_bar(value / peak, width), style=KV_STYLES.get(cell.kv_type))
+    return line.append(f" {tok_s(value)}")
+
+
+def _bar(fraction: float, width: int) -> str:
+    eighths = round(max(0.0, min(1.0, fraction)) * width * 8)
+    full, rest = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[rest].strip()
+    return "█" * full + partial
+
+
+def bench_report(
+    speed: SpeedResult | None, table: ConcurrencyTable | None, profile_path: str | None
+) -> list[RenderableType]:
+    parts: list[RenderableType] = []
+    if speed is not None:
+        parts.append(speed_table(speed))
+    if table is not None:
+        parts += [concurrency_table(table), concurrency_chart(table)]
+    if profile_path:
+        parts.append(
+            Text(
+                f"Saved the hardware profile to {profile_path}; "
+                "`homelab plan` now predicts tok/s from it.",
+                style="dim",
+            )
+        )
+    return parts
+
+
+# --- quality -----------------------------------------------------------------------------
+
+
+def quality_table(result: QualityResult) -> Table:
+    reference = result.reference
+    table = Table(
+        title=(
+            f"Quality against the reference ({reference.quant} weights, f16 K/V): "
+            f"{result.n_scored_tokens} scored tokens of {result.text_source}, "
+            f"chunks of {result.n_ctx}"
+        ),
+        caption=f"reference perplexity {result.reference_perplexity:,.4g}; "
+        f"measured in {result.elapsed_s:.0f} s",
+        title_justify="left",
+    )
+    for name in (
+        "configuration",
+        "KLD mean",
+        "KLD p99",
+        "KLD max",
+        "top-1 same",
+        "perplexity",
+        "Δ ppl",
+    ):
+        table.add_column(name, justify="left" if name == "configuration" else "right")
+    for row in result.rows:
+        table.add_row(
+            *_quality_cells(row, result.reference_perplexity), style="bold" if row.is_plan else None
+        )
+    return table
+
+
+def _quality_cells(row: QualityRow, reference_perplexity: float) -> list[str]:
+    label = f"{row.config.label} ← plan" if row.is_plan else row.config.label
+    return [
+        f"{label}: {row.config.describe()}",
+        f"{row.kld_mean:.6f}",
+        f"{row.kld_p99:.6f}",
+        f"{row.kld_max:.6f}",
+        f"{row.top1_agreement:.2%}",
+        f"{row.perplexity:,.4g}",
+        f"{perplexity_change(row.perplexity, reference_perplexity):+.3%}",
+    ]
+
+
+def quality_report(result: QualityResult, saved_path: str | None) -> list[RenderableType]:
+    parts: list[RenderableType] = [quality_table(result)]
+    parts += [Text(note, style="yellow") for note in result.notes]
+    if saved_path:
+        parts.append(
+            Text(f"Saved to {saved_path}; the dashboard shows it next to the plan.", style="dim")
+        )
+    return parts
+
+
+def print_all(parts: list[RenderableType], console: Console | None = None) -> None:
+    console = console or Console()
+    for part in parts:
+        console.print(part)

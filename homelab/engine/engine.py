@@ -1,0 +1,294 @@
+"""The engine: a loaded model serving many requests at once through one scheduler thread.
+
+    with Engine.load(path, settings) as engine:
+        handle = engine.submit(GenerationRequest(tenant="alice", prompt="Hello"))
+        for event in handle:            # or: async for event in handle
+            ...
+
+``submit`` checks everything that can be checked before compute (context length, queue
+bound, token ids, grammar) and raises ``ContextLengthError`` / ``BusyError`` /
+``EngineError`` synchronously; after that, problems arrive as a ``FinishEvent`` with
+``reason="error"``. The tenant comes from the caller (the server derives it from the API
+key) and decides which prefix cache a request may use; it is never read from request fields.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from homelab.engine.api import EngineMetrics, GenerationRequest
+from homelab.engine.chat import ChatTemplate
+from homelab.engine.loader import LoadedModel, LoadReport, load_model
+from homelab.engine.metrics import EngineMeter, RequestClock
+from homelab.engine.sampling import SamplerChain
+from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig, token_bytes
+from homelab.engine.slots import KvMemory, SlotState, SlotTable
+from homelab.engine.text import StopMatcher
+from homelab.errors import BusyError, ContextLengthError, EngineError
+from homelab.gguf.model import ModelInfo
+from homelab.gguf.reader import read_model
+from homelab.llamacpp import llama
+from homelab.planner.settings import Settings
+
+_request_ids = itertools.count(1)
+T = TypeVar("T")
+
+
+class Engine:
+    """A model loaded with llama.cpp plus the continuous-batching scheduler in front of it."""
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        model_info: ModelInfo,
+        *,
+        queue_limit: int = 64,
+        prefill_chunk_tokens: int | None = None,
+    ) -> None:
+        lib = llama()
+        self._loaded = loaded
+        self.model_info = model_info
+        self.load_report: LoadReport = loaded.report
+        self.settings: Settings = loaded.report.settings
+        self._vocab = loaded.vocab
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self.n_ctx_per_slot = loaded.report.n_ctx_per_slot
+        self.n_slots = loaded.report.n_slots
+        self.bos_token_id = int(lib.llama_vocab_bos(self._vocab))
+        self.eog_tokens = frozenset(
+            token for token in range(self.n_vocab) if lib.llama_vocab_is_eog(self._vocab, token)
+        )
+        self._meter = EngineMeter(self.n_slots, loaded.report.n_ctx)
+        memory = KvMemory(loaded.ctx)
+        self._slots = slots = SlotTable(
+            self.n_slots,
+            memory,
+            prefix_reuse=loaded.report.prefix_reuse,
+            n_swa=0 if self.settings.swa_full else model_info.n_swa,
+        )
+        n_batch = int(lib.llama_n_batch(loaded.ctx))
+        chunk = prefill_chunk_tokens or int(lib.llama_n_ubatch(loaded.ctx))
+        config = SchedulerConfig(n_batch, self.n_vocab, self.n_ctx_per_slot, chunk, queue_limit)
+        self._scheduler = Scheduler(
+            loaded.ctx, self._vocab, slots, self._meter, config, self.eog_tokens
+        )
+        self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
+        self._chat_template = self._make_chat_template()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._scheduler.start()
+
+    # --- construction ------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        model_path: str | Path,
+        settings: Settings,
+        *,
+        queue_limit: int = 64,
+        on_oom_ladder: bool = True,
+        prefill_chunk_tokens: int | None = None,
+        predicted: Mapping[str, Any] | None = None,
+        record_calibration: bool = True,
+    ) -> Engine:
+        """Load ``model_path`` with ``settings`` (stepping down on OOM) and start serving.
+
+        ``predicted`` (the planner's memory prediction) is stored next to what was really
+        allocated in the calibration record.
+        """
+        info = read_model(model_path)
+        loaded = load_model(model_path, settings, info=info, oom_ladder=on_oom_ladder)
+        try:
+            engine = cls(
+                loaded, info, queue_limit=queue_limit, prefill_chunk_tokens=prefill_chunk_tokens
+            )
+        except BaseException:
+            loaded.close()
+            raise
+        if record_calibration:
+            from homelab.engine.calibration import record_load
+
+            record_load(engine.load_report, info, predicted)
+        return engine
+
+    @classmethod
+    def from_plan(cls, plan: Any, **options: Any) -> Engine:
+        """Load the model a planner ``Plan`` describes, with its settings and prediction."""
+        path = getattr(plan, "model_path", None) or getattr(plan, "path", None)
+        if path is None:
+            raise EngineError("the plan does not name a model file")
+        predicted = getattr(plan, "predicted", None) or getattr(plan, "memory", None)
+        if predicted is not None and not isinstance(predicted, Mapping):
+            as_dict = getattr(predicted, "to_dict", None)
+            predicted = as_dict() if callable(as_dict) else getattr(predicted, "__dict__", None)
+        return cls.load(path, plan.settings, predicted=predicted, **options)
+
+    def _make_chat_template(self) -> ChatTemplate | None:
+        source = self.model_info.chat_template
+        if not source:
+            return None
+        bos = token_bytes(self._vocab, self.bos_token_id, special=True).decode(errors="replace")
+        eos_id = int(llama().llama_vocab_eos(self._vocab))
+        eos = token_bytes(self._vocab, eos_id, special=True).decode(errors="replace")
+        try:
+            return ChatTemplate(source, bos, eos)
+        except EngineError:
+            return None  # a template that does not compile: chat is unavailable, raw works
+
+    # --- text ----------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        lib = llama()
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buffer = (lib.llama_token * capacity)()
+        count = lib.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
+        if count < 0:
+            capacity = -count
+            buffer = (lib.llama_token * capacity)()
+            count = lib.llama_tokenize(
+                self._vocab, data, len(data), buffer, capacity, add_bos, special
+            )
+        if count < 0:
+            raise EngineError("llama.cpp could not tokenize the prompt")
+        tokens = list(buffer[:count])
+        if add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos_token_id:
+            del tokens[0]  # the text (e.g. a rendered chat template) already starts with BOS
+        return tokens
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        data = b"".join(token_bytes(self._vocab, int(token), special=True) for token in ids)
+        return data.decode("utf-8", errors="replace")
+
+    @property
+    def chat_template(self) -> ChatTemplate | None:
+        return self._chat_template
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        if self._chat_template is None:
+            raise EngineError(
+                "this model has no usable chat template",
+                hint="Send a plain completion prompt instead.",
+            )
+        return self._chat_template.render(messages, tools=tools, add_generation_prompt=True)
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request; raises before any compute when it cannot be served."""
+        submitted = time.perf_counter()
+        if self._closed or self._scheduler.closing:
+            raise EngineError("the engine is closed")
+        prompt = self._prompt_tokens(request)
+        self._check_lengths(prompt, request.sampling.max_tokens)
+        chain = SamplerChain(request.sampling, self._vocab, self.n_vocab, self.eog_tokens)
+        request_id = request.request_id or f"req-{next(_request_ids)}"
+        handle = RequestHandle(request_id, self._scheduler.wake)
+        stops = request.sampling.stop
+        job = Job(
+            request=request,
+            handle=handle,
+            prompt=prompt,
+            chain=chain,
+            clock=RequestClock(submitted=submitted, prompt_tokens=len(prompt)),
+            stop=StopMatcher(stops) if stops else None,
+        )
+        if not self._scheduler.enqueue(job):
+            chain.close()
+            self._meter.record_rejected()
+            raise BusyError(
+                f"the engine is busy ({self._scheduler.config.queue_limit} requests waiting)",
+                hint="Retry in a moment.",
+            )
+        return handle
+
+    def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        if isinstance(request.prompt, str):
+            tokens = self.tokenize(request.prompt, add_bos=request.add_bos, special=True)
+        else:
+            tokens = [int(token) for token in request.prompt]
+            bad = [token for token in tokens if not 0 <= token < self.n_vocab]
+            if bad:
+                raise EngineError(
+                    f"prompt token {bad[0]} is outside this model's vocabulary "
+                    f"(0..{self.n_vocab - 1})"
+                )
+        if not tokens:
+            raise EngineError("the prompt is empty", hint="Send at least one token of text.")
+        return tokens
+
+    def _check_lengths(self, prompt: list[int], max_tokens: int) -> None:
+        if max_tokens < 1:
+            raise EngineError(f"max_tokens must be at least 1 (got {max_tokens})")
+        needed = len(prompt) + max_tokens
+        if needed > self.n_ctx_per_slot:
+            raise ContextLengthError(
+                f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) needs "
+                f"{needed} tokens, but a slot holds {self.n_ctx_per_slot}",
+                hint="Shorten the prompt, lower max_tokens, or plan a longer context per slot.",
+            )
+
+    # --- metrics ---------------------------------------------------------------------------
+
+    def metrics(self) -> EngineMetrics:
+        return self._meter.snapshot()
+
+    def subscribe(
+        self, callback: Callable[[EngineMetrics], None], interval_s: float = 0.5
+    ) -> Callable[[], None]:
+        """Call ``callback`` from the engine thread every ``interval_s``; returns unsubscribe."""
+        unsubscribe = self._meter.subscribe(callback, interval_s)
+        self._scheduler.wake()
+        return unsubscribe
+
+    def slot_states(self, timeout_s: float = 5.0) -> tuple[SlotState, ...]:
+        """Each slot's tenant, occupancy and llama.cpp cache range (read between steps)."""
+        return self.run_on_engine_thread(self._slots.states).result(timeout_s)
+
+    def run_on_engine_thread(self, function: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``function`` on the engine thread between two decode steps.
+
+        The only safe way to touch the llama.cpp context from outside (diagnostics, tests).
+        """
+        return self._scheduler.call_between_steps(function)
+
+    @property
+    def context_pointer(self) -> Any:
+        """The llama_context (use only inside :meth:`run_on_engine_thread`)."""
+        return self._loaded.ctx
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Cancel what is in flight, stop the scheduler and free llama.cpp's memory."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._scheduler.close()
+        if self._scheduler.thread_alive:  # a decode that never returns: leak, don't crash
+            return
+        self._loaded.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()

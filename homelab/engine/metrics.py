@@ -1,0 +1,193 @@
+"""Engine metrics: per-request timings and engine-wide rolling throughput, published.
+
+The scheduler thread records what each step did (:meth:`EngineMeter.record_step`) and when
+requests start, produce their first token and finish. :class:`RequestClock` turns one
+request's timestamps into :class:`~homelab.engine.api.RequestStats`. Subscribers (the TUI,
+the server's ``/metrics``) get an :class:`~homelab.engine.api.EngineMetrics` snapshot from the
+engine thread at their own steady interval — coalesced, never once per token, and without
+polling the engine's internals.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from homelab.engine.api import EngineMetrics, RequestStats
+
+log = logging.getLogger("homelab.engine")
+
+ROLLING_WINDOW_S = 3.0
+
+MetricsCallback = Callable[[EngineMetrics], None]
+
+
+@dataclass
+class RequestClock:
+    """Timestamps (time.perf_counter) and counts of one request."""
+
+    submitted: float
+    prompt_tokens: int
+    started: float = 0.0  # placed in a slot
+    first_token: float = 0.0
+    finished: float = 0.0
+    cached_tokens: int = 0
+    evaluated_tokens: int = 0  # prompt tokens actually put into llama_decode
+    completion_tokens: int = 0
+
+    def stats(self) -> RequestStats:
+        end = self.finished or time.perf_counter()
+        started = self.started or end
+        first = self.first_token or 0.0
+        prefill_s = (first - started) if first else 0.0
+        decode_s = end - first if first else 0.0
+        decoded_after_first = max(0, self.completion_tokens - 1)
+        return RequestStats(
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
+            completion_tokens=self.completion_tokens,
+            ttft_s=(first - self.submitted) if first else 0.0,
+            prefill_tok_s=_rate(self.evaluated_tokens, prefill_s),
+            decode_tok_s=_rate(decoded_after_first, decode_s),
+            queue_s=started - self.submitted,
+            evaluated_tokens=self.evaluated_tokens,
+        )
+
+
+def _rate(count: int, seconds: float) -> float:
+    return count / seconds if seconds > 0 and count > 0 else 0.0
+
+
+@dataclass
+class _Subscriber:
+    callback: MetricsCallback
+    interval_s: float
+    next_due: float
+
+
+class EngineMeter:
+    """Engine-wide counters and rolling throughput; thread-safe reads, one writer."""
+
+    def __init__(self, n_slots: int, kv_cells_total: int) -> None:
+        self.n_slots = n_slots
+        self.kv_cells_total = kv_cells_total
+        self._lock = threading.Lock()
+        self._window: deque[tuple[float, int, int]] = deque()  # (time, prefill, decode)
+        self._by_status: Counter[str] = Counter()
+        self._subscribers: dict[int, _Subscriber] = {}
+        self._next_id = 0
+        self.requests_total = 0
+        self.steps_total = 0
+        self.prefill_tokens_total = 0
+        self.decode_tokens_total = 0
+        self.last_ttft_s: float | None = None
+        self.active_slots = 0
+        self.queue_depth = 0
+        self.kv_cells_used = 0
+        self.live_queue_depth: Callable[[], int] | None = None  # read at snapshot time
+
+    # --- written by the scheduler thread -------------------------------------------------
+
+    def record_step(self, now: float, prefill_tokens: int, decode_tokens: int) -> None:
+        with self._lock:
+            self.steps_total += 1
+            self.prefill_tokens_total += prefill_tokens
+            self.decode_tokens_total += decode_tokens
+            self._window.append((now, prefill_tokens, decode_tokens))
+            self._trim(now)
+
+    def record_first_token(self, ttft_s: float) -> None:
+        self.last_ttft_s = ttft_s
+
+    def record_finish(self, status: str) -> None:
+        with self._lock:
+            self.requests_total += 1
+            self._by_status[status] += 1
+
+    def record_rejected(self) -> None:
+        with self._lock:
+            self._by_status["rejected"] += 1
+
+    def set_occupancy(self, active_slots: int, queue_depth: int, kv_cells_used: int) -> None:
+        self.active_slots, self.queue_depth, self.kv_cells_used = (
+            active_slots,
+            queue_depth,
+            kv_cells_used,
+        )
+
+    def _trim(self, now: float) -> None:
+        while self._window and self._window[0][0] < now - ROLLING_WINDOW_S:
+            self._window.popleft()
+
+    # --- read from any thread -------------------------------------------------------------
+
+    def snapshot(self) -> EngineMetrics:
+        now = time.perf_counter()
+        with self._lock:
+            self._trim(now)
+            prefill = sum(item[1] for item in self._window)
+            decode = sum(item[2] for item in self._window)
+            span = self._span(now)
+            by_status = dict(self._by_status)
+            requests_total = self.requests_total
+            steps = self.steps_total
+        return EngineMetrics(
+            prefill_tok_s=prefill / span if span else 0.0,
+            decode_tok_s=decode / span if span else 0.0,
+            active_slots=self.active_slots,
+            n_slots=self.n_slots,
+            queue_depth=self.live_queue_depth() if self.live_queue_depth else self.queue_depth,
+            kv_cells_used=self.kv_cells_used,
+            kv_cells_total=self.kv_cells_total,
+            requests_total=requests_total,
+            requests_by_status=by_status,
+            last_ttft_s=self.last_ttft_s,
+            steps_total=steps,
+            prefill_tokens_total=self.prefill_tokens_total,
+            decode_tokens_total=self.decode_tokens_total,
+        )
+
+    def _span(self, now: float) -> float:
+        """Seconds the rolling rates are averaged over (the window, or less at start)."""
+        if not self._window:
+            return 0.0
+        return max(min(ROLLING_WINDOW_S, now - self._window[0][0]), 0.25)
+
+    # --- subscriptions ---------------------------------------------------------------------
+
+    def subscribe(self, callback: MetricsCallback, interval_s: float) -> Callable[[], None]:
+        interval_s = max(0.05, float(interval_s))
+        with self._lock:
+            key = self._next_id
+            self._next_id += 1
+            self._subscribers[key] = _Subscriber(callback, interval_s, time.perf_counter())
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers.pop(key, None)
+
+        return unsubscribe
+
+    def seconds_until_due(self, now: float) -> float | None:
+        with self._lock:
+            dues = [sub.next_due for sub in self._subscribers.values()]
+        return max(0.0, min(dues) - now) if dues else None
+
+    def publish_due(self, now: float) -> None:
+        """Called by the engine thread: give each due subscriber the current snapshot."""
+        with self._lock:
+            due = [sub for sub in self._subscribers.values() if sub.next_due <= now]
+            for sub in due:
+                sub.next_due = max(sub.next_due + sub.interval_s, now)
+        if not due:
+            return
+        snapshot = self.snapshot()
+        for sub in due:
+            try:
+                sub.callback(snapshot)
+            except Exception:  # a broken subscriber must not stop the engine
+                log.exception("a metrics subscriber failed")

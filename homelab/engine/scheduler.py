@@ -1,0 +1,574 @@
+"""Continuous batching: one thread, one ``llama_decode`` per step, every sequence in it.
+
+Each step the scheduler
+
+1. drops cancelled requests (their slot is free for this very step),
+2. places waiting requests in free slots (tenant-isolated prefix cache, see ``slots``),
+3. builds one ``llama_batch``: one token for every generating sequence, then prefill chunks
+   of prompts still being read — at most ``prefill_chunk_tokens`` per step while others are
+   generating, so a long prompt never stalls everyone else's tokens for long,
+4. calls ``llama_decode`` once, and
+5. samples every sequence that needs a token from its own logits row with its own C sampler
+   chain, turns tokens into text (complete UTF-8 only, stop strings held back) and hands
+   events to the request handles.
+
+Requests join at the next step and leave the moment they finish. If ``llama_decode`` fails,
+the step is rolled back and each sequence retried on its own, so only the request that
+really fails gets an error; any Python error while handling one request fails that request,
+never the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from homelab.engine.api import (
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+    TokenLogprob,
+)
+from homelab.engine.metrics import EngineMeter, RequestClock
+from homelab.engine.sampling import SamplerChain, logits_row, top_logprobs
+from homelab.engine.slots import Slot, SlotTable
+from homelab.engine.text import StopMatcher, Utf8Decoder
+from homelab.llamacpp import llama
+
+log = logging.getLogger("homelab.engine")
+
+Event = TokenEvent | FinishEvent
+T = TypeVar("T")
+
+
+# --- what callers hold -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole request's result, for callers that do not stream."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish: FinishEvent
+    logprobs: tuple[TokenLogprob | None, ...] = ()
+
+
+class RequestHandle:
+    """A submitted request and its event stream (consumed once).
+
+    Iterate it in a thread (``for event in handle``) or in asyncio (``async for``): it yields
+    :class:`TokenEvent` items, then exactly one :class:`FinishEvent`. Call :meth:`cancel` to
+    stop early. Leaving a *blocking* loop does not cancel (iterate again to resume). An
+    asyncio iteration that ends early — its task cancelled (a client disconnected), the
+    iterator closed or dropped — cancels the request; servers should still call
+    :meth:`cancel` in a ``finally`` to free the slot at once.
+    """
+
+    def __init__(self, request_id: str, wake_scheduler: Callable[[], None]) -> None:
+        self.request_id = request_id
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._wake_scheduler = wake_scheduler
+        self.cancelled = False
+        self.finished = False  # set by the scheduler before it sends the FinishEvent
+        self._consumed = False  # the FinishEvent has been handed to the consumer
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async_wake: asyncio.Event | None = None
+
+    def cancel(self) -> None:
+        """Stop generating; the slot is freed at the next step. Safe from any thread."""
+        if not self.finished:
+            self.cancelled = True
+            self._wake_scheduler()
+
+    # called by the scheduler thread
+    def push(self, event: Event) -> None:
+        self._events.put(event)
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._set_async_wake)
+            except RuntimeError:  # the consumer's loop has closed
+                self._loop = None
+
+    def _set_async_wake(self) -> None:
+        if self._async_wake is not None:
+            self._async_wake.set()
+
+    def _deliver(self, event: Event) -> Event:
+        if isinstance(event, FinishEvent):
+            self._consumed = True
+        return event
+
+    def __iter__(self) -> Iterator[Event]:
+        return self
+
+    def __next__(self) -> Event:
+        if self._consumed:
+            raise StopIteration
+        return self._deliver(self._events.get())
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        if self._async_wake is None:
+            self._async_wake = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+        try:
+            while not self._consumed:
+                yield self._deliver(await self._next_async(self._async_wake))
+        finally:
+            if not self._consumed:  # cancelled while waiting, closed, or abandoned
+                self.cancel()
+
+    async def _next_async(self, wake: asyncio.Event) -> Event:
+        while True:
+            try:
+                return self._events.get_nowait()
+            except queue.Empty:
+                wake.clear()
+            try:  # an event pushed before clear() is seen here; later ones set `wake`
+                return self._events.get_nowait()
+            except queue.Empty:
+                await wake.wait()
+
+    def collect(self) -> Completion:
+        """Block until the request ends; return its text, tokens and finish event."""
+        texts: list[str] = []
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob | None] = []
+        for event in self:
+            if isinstance(event, FinishEvent):
+                return Completion("".join(texts), tuple(tokens), event, tuple(logprobs))
+            texts.append(event.text)
+            tokens.append(event.token_id)
+            logprobs.append(event.logprob)
+        raise AssertionError("a request stream always ends with a FinishEvent")
+
+    async def collect_async(self) -> Completion:
+        texts: list[str] = []
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob | None] = []
+        async for event in self:
+            if isinstance(event, FinishEvent):
+                return Completion("".join(texts), tuple(tokens), event, tuple(logprobs))
+            texts.append(event.text)
+            tokens.append(event.token_id)
+            logprobs.append(event.logprob)
+        raise AssertionError("a request stream always ends with a FinishEvent")
+
+
+# --- the scheduler's view of a request ---------------------------------------------------
+
+
+@dataclass(eq=False)
+class Job:
+    request: GenerationRequest
+    handle: RequestHandle
+    prompt: list[int]
+    chain: SamplerChain
+    clock: RequestClock
+    slot: Slot | None = None
+    n_past: int = 0  # this sequence's positions in the KV cache
+    prompt_pos: int = 0  # next prompt token to evaluate
+    last_token: int = -1  # sampled, evaluated at the next step
+    batch_index: int = -1  # the batch row whose logits this job samples
+    utf8: Utf8Decoder = field(default_factory=Utf8Decoder)
+    stop: StopMatcher | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.request.sampling.max_tokens
+
+
+@dataclass
+class _Part:
+    """One job's tokens in this step's batch."""
+
+    job: Job
+    start_pos: int
+    tokens: list[int]
+    sample: bool  # take logits for the last token and sample after the decode
+    prefill: bool
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    n_batch: int
+    n_vocab: int
+    n_ctx_per_slot: int
+    prefill_chunk_tokens: int
+    queue_limit: int
+
+
+class Scheduler:
+    """Owns the llama.cpp context after loading; all decoding happens on its thread."""
+
+    def __init__(
+        self,
+        ctx: Any,
+        vocab: Any,
+        slots: SlotTable,
+        meter: EngineMeter,
+        config: SchedulerConfig,
+        eog_tokens: frozenset[int],
+    ) -> None:
+        self._lib = llama()
+        self._ctx = ctx
+        self._vocab = vocab
+        self._slots = slots
+        self._meter = meter
+        self.config = config
+        self._eog = eog_tokens
+        self._cv = threading.Condition()
+        self._incoming: deque[Job] = deque()
+        self._waiting: deque[Job] = deque()
+        self._prefilling: list[Job] = []
+        self._decoding: list[Job] = []
+        self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _cv)
+        self._closing = False
+        self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
+        self._pieces: dict[int, bytes] = {}
+        self._piece_buffer = ctypes.create_string_buffer(256)
+        self._batch = self._lib.llama_batch_init(config.n_batch, 0, 1)
+        self._tok = self._batch.token
+        self._pos = self._batch.pos
+        self._logits = self._batch.logits
+        self._seq_rows = [self._batch.seq_id[i] for i in range(config.n_batch)]
+        for i in range(config.n_batch):
+            self._batch.n_seq_id[i] = 1
+        self._thread = threading.Thread(target=self._run, name="homelab-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # --- called from other threads -------------------------------------------------------
+
+    def enqueue(self, job: Job) -> bool:
+        """Queue a job; False when the queue is full (the caller raises BusyError)."""
+        with self._cv:
+            if self._closing or self._n_queued >= self.config.queue_limit:
+                return False
+            self._n_queued += 1
+            self._incoming.append(job)
+            self._cv.notify()
+        return True
+
+    def call_between_steps(self, function: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``function`` on the engine thread between two steps (it may touch llama.cpp)."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cv:
+            if self._closing:
+                raise RuntimeError("the engine is closed")
+            self._calls.append((function, future))
+            self._cv.notify()
+        return future
+
+    def _run_calls(self) -> None:
+        while self._calls:
+            function, future = self._calls.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(function())
+                except BaseException as exc:
+                    future.set_exception(exc)
+
+    def wake(self) -> None:
+        with self._cv:
+            self._cv.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests submitted but not yet in a slot."""
+        return self._n_queued
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+        if not self._thread.is_alive() and self._batch is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._batch = None
+
+    @property
+    def thread_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            if not self._wait_for_work():
+                break
+            try:
+                self._step()
+            except Exception as exc:  # a bug must cost the requests in flight, not the engine
+                log.exception("engine step failed")
+                for job in [*self._decoding, *self._prefilling]:
+                    self._fail(job, f"internal engine error: {exc}")
+            self._meter.publish_due(time.perf_counter())
+        self._shutdown()
+
+    def _wait_for_work(self) -> bool:
+        """Move new jobs in; sleep (publishing metrics on time) while there is nothing to do."""
+        with self._cv:
+            while True:
+                if self._incoming:
+                    self._waiting.extend(self._incoming)
+                    self._incoming.clear()
+                if self._closing:
+                    return False
+                if self._waiting or self._prefilling or self._decoding or self._calls:
+                    return True
+                self._update_occupancy()
+                now = time.perf_counter()
+                self._cv.release()
+                try:
+                    self._meter.publish_due(now)
+                finally:
+                    self._cv.acquire()
+                if self._incoming or self._closing:
+                    continue
+                self._cv.wait(self._meter.seconds_until_due(time.perf_counter()))
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            self._waiting.extend(self._incoming)
+            self._incoming.clear()
+        for job in [*self._decoding, *self._prefilling, *self._waiting]:
+            self._finish(job, "cancelled", error=None)
+        self._waiting.clear()
+        for _, future in self._calls:
+            future.cancel()
+
+    def _step(self) -> None:
+        self._run_calls()
+        self._drop_cancelled()
+        self._admit()
+        parts = self._plan_batch()
+        if parts:
+            self._decode(parts)
+        self._update_occupancy()
+
+    def _update_occupancy(self) -> None:
+        self._meter.set_occupancy(self._slots.n_busy, self._n_queued, self._slots.cells_used())
+
+    # --- admission and cancellation ------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        for job in [*self._decoding, *self._prefilling]:
+            if job.handle.cancelled:
+                self._finish(job, "cancelled")
+        if any(job.handle.cancelled for job in self._waiting):
+            for job in [job for job in self._waiting if job.handle.cancelled]:
+                self._waiting.remove(job)
+                self._dequeued()
+                self._finish(job, "cancelled")
+
+    def _dequeued(self) -> None:
+        with self._cv:
+            self._n_queued -= 1
+
+    def _admit(self) -> None:
+        while self._waiting and self._slots.n_free:
+            job = self._waiting.popleft()
+            self._dequeued()
+            placement = self._slots.acquire(job.request.tenant, job.prompt)
+            assert placement is not None  # n_free > 0
+            job.slot = placement.slot
+            job.n_past = job.prompt_pos = placement.n_cached
+            job.clock.cached_tokens = placement.n_cached
+            job.clock.started = time.perf_counter()
+            job.chain.accept_prompt(job.prompt)
+            self._prefilling.append(job)
+
+    # --- building and running the batch ---------------------------------------------------
+
+    def _plan_batch(self) -> list[_Part]:
+        parts = [_Part(job, job.n_past, [job.last_token], True, False) for job in self._decoding]
+        room = self.config.n_batch - len(parts)
+        budget = min(room, self.config.prefill_chunk_tokens) if parts else room
+        for job in self._prefilling:
+            if budget <= 0:
+                break
+            take = min(len(job.prompt) - job.prompt_pos, budget)
+            tokens = job.prompt[job.prompt_pos : job.prompt_pos + take]
+            completes = job.prompt_pos + take == len(job.prompt)
+            parts.append(_Part(job, job.n_past, tokens, completes, True))
+            budget -= take
+        return parts
+
+    def _fill(self, parts: list[_Part]) -> None:
+        tok, pos, logits, rows = self._tok, self._pos, self._logits, self._seq_rows
+        n = 0
+        for part in parts:
+            seq = part.job.slot.seq_id  # type: ignore[union-attr]
+            position = part.start_pos
+            for token in part.tokens:
+                tok[n] = token
+                pos[n] = position
+                rows[n][0] = seq
+                logits[n] = 0
+                n += 1
+                position += 1
+            if part.sample:
+                logits[n - 1] = 1
+                part.job.batch_index = n - 1
+        self._batch.n_tokens = n
+
+    def _decode(self, parts: list[_Part]) -> None:
+        self._fill(parts)
+        status = self._lib.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            self._recover(parts, status)
+            return
+        self._after_decode(parts)
+
+    def _after_decode(self, parts: list[_Part]) -> None:
+        prefill_tokens = decode_tokens = 0
+        for part in parts:
+            job = part.job
+            job.slot.tokens.extend(part.tokens)  # type: ignore[union-attr]
+            job.n_past += len(part.tokens)
+            if part.prefill:
+                job.prompt_pos += len(part.tokens)
+                job.clock.evaluated_tokens += len(part.tokens)
+                prefill_tokens += len(part.tokens)
+            else:
+                decode_tokens += 1
+        self._meter.record_step(time.perf_counter(), prefill_tokens, decode_tokens)
+        for part in parts:
+            if part.sample:
+                self._sample_safely(part.job)
+
+    def _recover(self, parts: list[_Part], status: int) -> None:
+        """Roll the failed step back, then retry each sequence alone to find the culprit."""
+        log.warning("llama_decode failed (status %d) for %d sequences", status, len(parts))
+        for part in parts:
+            if not self._slots.rollback(part.job.slot, part.job.n_past):  # type: ignore[arg-type]
+                self._fail(part.job, f"llama.cpp failed to decode (status {status})")
+        survivors = [part for part in parts if part.job.slot is not None]
+        if len(parts) == 1:
+            if survivors:
+                self._fail(parts[0].job, f"llama.cpp failed to decode (status {status})")
+            return
+        for part in survivors:
+            self._fill([part])
+            alone = self._lib.llama_decode(self._ctx, self._batch)
+            if alone != 0:
+                self._slots.rollback(part.job.slot, part.job.n_past)  # type: ignore[arg-type]
+                self._fail(part.job, f"llama.cpp failed to decode (status {alone})")
+            else:
+                self._after_decode([part])
+
+    # --- sampling and text ------------------------------------------------------------------
+
+    def _sample_safely(self, job: Job) -> None:
+        try:
+            self._sample(job)
+        except Exception as exc:
+            log.exception("sampling failed for request %s", job.handle.request_id)
+            self._fail(job, f"sampling failed: {exc}")
+
+    def _sample(self, job: Job) -> None:
+        token = job.chain.sample(self._ctx, job.batch_index)
+        clock = job.clock
+        if not clock.first_token:
+            clock.first_token = time.perf_counter()
+            self._meter.record_first_token(clock.first_token - clock.submitted)
+            self._prefilling.remove(job)
+            self._decoding.append(job)
+        clock.completion_tokens += 1
+        logprob = self._logprob(job, token) if job.request.sampling.logprobs is not None else None
+        if token in self._eog and not job.request.sampling.ignore_eos:
+            text = self._release_held(job, "")
+            if text:
+                job.handle.push(TokenEvent(text, token, logprob))
+            self._finish(job, "stop")
+            return
+        text = job.utf8.feed(self.piece(token))
+        stopped = False
+        if job.stop is not None:
+            text, stopped = job.stop.feed(text)
+        if stopped:
+            job.handle.push(TokenEvent(text, token, logprob))
+            self._finish(job, "stop")
+        elif clock.completion_tokens >= job.max_tokens:
+            job.handle.push(TokenEvent(self._release_held(job, text), token, logprob))
+            self._finish(job, "length")
+        else:
+            job.handle.push(TokenEvent(text, token, logprob))
+            job.last_token = token
+
+    def _release_held(self, job: Job, text: str) -> str:
+        """The end of the stream: whatever the decoder and the stop matcher still hold."""
+        tail = job.utf8.flush()
+        if job.stop is None:
+            return text + tail
+        more, stopped = job.stop.feed(tail)
+        return text + more + ("" if stopped else job.stop.flush())
+
+    def piece(self, token: int) -> bytes:
+        """A token's bytes as output text (control tokens are empty), cached."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            cached = token_bytes(self._vocab, token, special=False, buffer=self._piece_buffer)
+            self._pieces[token] = cached
+        return cached
+
+    def _logprob(self, job: Job, token: int) -> TokenLogprob:
+        n_top = job.request.sampling.logprobs or 0
+        row = logits_row(self._ctx, job.batch_index, self.config.n_vocab)
+        chosen, top = top_logprobs(row, token, n_top)
+        text = self._display(token)
+        return TokenLogprob(text, chosen, tuple((self._display(t), lp) for t, lp in top))
+
+    def _display(self, token: int) -> str:
+        return self.piece(token).decode("utf-8", errors="replace")
+
+    # --- finishing ----------------------------------------------------------------------------
+
+    def _fail(self, job: Job, message: str) -> None:
+        if job.slot is not None:
+            self._slots.clear(job.slot)  # its cache may be half-written
+        self._finish(job, "error", error=message)
+
+    def _finish(self, job: Job, reason: FinishReason, error: str | None = None) -> None:
+        clock = job.clock
+        clock.finished = time.perf_counter()
+        job.chain.close()
+        if job.slot is not None:
+            self._slots.release(job.slot)
+            job.slot = None
+        if job in self._decoding:
+            self._decoding.remove(job)
+        elif job in self._prefilling:
+            self._prefilling.remove(job)
+        self._meter.record_finish(reason)
+        job.handle.finished = True
+        job.handle.push(FinishEvent(reason, clock.stats(), error))
+
+
+def token_bytes(vocab: Any, token: int, *, special: bool, buffer: Any = None) -> bytes:
+    """The bytes llama.cpp renders for one token."""
+    lib = llama()
+    buffer = buffer if buffer is not None else ctypes.create_string_buffer(256)
+    size = lib.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
+    if size < 0:
+        buffer = ctypes.create_string_buffer(-size)
+        size = lib.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
+    return bytes(buffer.raw[:size])

@@ -1,0 +1,187 @@
+"""Slots (llama.cpp sequences) and the tenant-isolated prefix cache.
+
+A slot is one llama.cpp sequence id with its own part of the KV cache. It remembers the
+tokens whose keys and values it holds and the tenant that produced them. A new request is
+placed in the free slot holding the longest common prefix **from the same tenant**, and only
+the rest of its prompt is evaluated. A slot last used by another tenant is always cleared
+before it is handed over, so one tenant's cache never speeds up (and so never reveals
+anything to) another. :meth:`SlotTable.acquire` is the only way to take a slot, and it
+enforces that rule.
+
+Recurrent models (Mamba, RWKV, hybrids) cannot drop part of their state, so prefix reuse is
+off for them: every request clears its slot. Sliding-window models keep only the last
+``n_swa`` positions when ``swa_full`` is off; a prefix is reused only if the window it needs
+is still in the cache (the same test llama-server makes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from homelab.llamacpp import llama
+
+
+class KvMemory:
+    """The few llama.cpp memory operations the slots need, on one context."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._lib = llama()
+        self._mem = self._lib.llama_get_memory(ctx)
+
+    def clear(self, seq_id: int) -> None:
+        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
+
+    def truncate(self, seq_id: int, n_keep: int) -> bool:
+        """Drop positions >= n_keep; False when the memory cannot do that (recurrent)."""
+        return bool(self._lib.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1))
+
+    def pos_min(self, seq_id: int) -> int:
+        return int(self._lib.llama_memory_seq_pos_min(self._mem, seq_id))
+
+    def pos_max(self, seq_id: int) -> int:
+        return int(self._lib.llama_memory_seq_pos_max(self._mem, seq_id))
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    tenant: str | None = None  # who produced the cached tokens; None = empty
+    tokens: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache
+    busy: bool = False
+    last_used: int = 0  # a counter, larger = more recent
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """A slot as the TUI and tests see it (read on the engine thread)."""
+
+    seq_id: int
+    tenant: str | None
+    busy: bool
+    cached_tokens: int  # tokens the slot remembers
+    kv_pos_min: int  # llama.cpp's view of the sequence: -1 when empty
+    kv_pos_max: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    slot: Slot
+    n_cached: int  # prompt tokens already in the slot's cache (evaluate the rest)
+
+
+def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
+    limit = min(len(first), len(second))
+    index = 0
+    while index < limit and first[index] == second[index]:
+        index += 1
+    return index
+
+
+class SlotTable:
+    """Chooses, clears and releases slots; owns the prefix-cache policy."""
+
+    def __init__(self, n_slots: int, memory: KvMemory, *, prefix_reuse: bool, n_swa: int) -> None:
+        self.slots = [Slot(seq_id) for seq_id in range(n_slots)]
+        self._memory = memory
+        self.prefix_reuse = prefix_reuse
+        self._n_swa = n_swa
+        self._clock = 0
+
+    @property
+    def n_free(self) -> int:
+        return sum(not slot.busy for slot in self.slots)
+
+    @property
+    def n_busy(self) -> int:
+        return len(self.slots) - self.n_free
+
+    def states(self) -> tuple[SlotState, ...]:
+        memory = self._memory
+        return tuple(
+            SlotState(
+                slot.seq_id,
+                slot.tenant,
+                slot.busy,
+                len(slot.tokens),
+                memory.pos_min(slot.seq_id),
+                memory.pos_max(slot.seq_id),
+            )
+            for slot in self.slots
+        )
+
+    def cells_used(self) -> int:
+        return sum(len(slot.tokens) for slot in self.slots)
+
+    def acquire(self, tenant: str, prompt: Sequence[int]) -> Placement | None:
+        """Take the best free slot for ``tenant`` (None when all are busy)."""
+        free = [slot for slot in self.slots if not slot.busy]
+        if not free:
+            return None
+        slot, n_reusable = self._best_same_tenant(free, tenant, prompt)
+        if slot is None or n_reusable == 0:
+            slot, n_reusable = self._least_valuable(free), 0
+        n_cached = self._keep(slot, tenant, n_reusable)
+        slot.busy = True
+        slot.tenant = tenant
+        self._clock += 1
+        slot.last_used = self._clock
+        return Placement(slot, n_cached)
+
+    def _best_same_tenant(
+        self, free: list[Slot], tenant: str, prompt: Sequence[int]
+    ) -> tuple[Slot | None, int]:
+        if not self.prefix_reuse:
+            return None, 0
+        best, best_length = None, 0
+        for slot in free:
+            if slot.tenant != tenant:
+                continue
+            # at least one prompt token is evaluated, to get logits for the first sample
+            length = min(common_prefix_length(slot.tokens, prompt), len(prompt) - 1)
+            if length > best_length:
+                best, best_length = slot, length
+        return best, best_length
+
+    @staticmethod
+    def _least_valuable(free: list[Slot]) -> Slot:
+        empty = [slot for slot in free if slot.tenant is None]
+        return empty[0] if empty else min(free, key=lambda slot: slot.last_used)
+
+    def _keep(self, slot: Slot, tenant: str, n_reusable: int) -> int:
+        """Cut the slot's cache to the reusable prefix; clear it for another tenant."""
+        if slot.tenant != tenant or n_reusable == 0 or not self.prefix_reuse:
+            self.clear(slot)
+            return 0
+        if not self._memory.truncate(slot.seq_id, n_reusable) or not self._window_intact(
+            slot, n_reusable
+        ):
+            self.clear(slot)
+            return 0
+        del slot.tokens[n_reusable:]
+        return n_reusable
+
+    def _window_intact(self, slot: Slot, n_keep: int) -> bool:
+        """With a trimmed sliding-window cache the positions the next token needs may be gone."""
+        if self._n_swa <= 0:
+            return True
+        return self._memory.pos_min(slot.seq_id) <= max(0, n_keep - self._n_swa)
+
+    def rollback(self, slot: Slot, n_past: int) -> bool:
+        """Forget positions >= n_past after a failed decode; False (slot cleared) if impossible."""
+        if self._memory.truncate(slot.seq_id, n_past):
+            del slot.tokens[n_past:]
+            return True
+        self.clear(slot)
+        return False
+
+    def clear(self, slot: Slot) -> None:
+        self._memory.clear(slot.seq_id)
+        slot.tokens.clear()
+
+    def release(self, slot: Slot) -> None:
+        """The request is done: the slot keeps its cache (unless reuse is off) and is free."""
+        if not self.prefix_reuse:
+            self.clear(slot)
+        slot.busy = False

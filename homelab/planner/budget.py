@@ -1,0 +1,255 @@
+"""The devices a plan must fit on and each one's memory budget.
+
+A budget is what the plan may use on a device, overheads included:
+
+* a detected GPU: its free VRAM (NVML, at planning time) minus a margin;
+* a GPU profile (``--gpu rtx-4090``, planning for hardware that isn't here): its VRAM minus a
+  desktop reserve (the display and desktop apps) minus the margin;
+* ``--vram BYTES``: those bytes minus the margin;
+* the host: available RAM (or ``--ram``) minus a host margin.
+
+Each GPU also carries its runtime overhead (CUDA context, cuBLAS workspace, pool), taken from
+its profile when there is one (``profiles/gpus.toml``), else :data:`DEFAULT_GPU_OVERHEAD_BYTES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from homelab.errors import ConfigError, PlanError
+
+if TYPE_CHECKING:
+    from homelab.hardware.profiles import GpuProfile
+    from homelab.hardware.report import HardwareReport
+
+MIB = 1 << 20
+GIB = 1 << 30
+DEFAULT_MARGIN_BYTES = 256 * MIB  # left free on every GPU
+DESKTOP_RESERVE_BYTES = 768 * MIB  # a profile GPU also drives a display and desktop apps
+DEFAULT_GPU_OVERHEAD_BYTES = 512 * MIB  # llama.cpp users measure 0.3-0.75 GiB
+HOST_MARGIN_BYTES = 1 * GIB  # left for the OS and this process besides the model
+DEFAULT_CPU_BANDWIDTH_GB_S = 50.0  # dual-channel DDR4/DDR5 desktop, what a roofline assumes
+DEFAULT_GPU_BANDWIDTH_GB_S = 500.0  # only for --vram without a profile
+
+DeviceKind = Literal["cpu", "gpu"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One place memory lives: the host (``CPU``) or a GPU (``CUDA0``…)."""
+
+    name: str  # llama.cpp's backend name: "CPU", "CUDA0", ...
+    kind: DeviceKind
+    label: str  # what the user recognises: "GeForce RTX 4090 (profile rtx-4090)"
+    total_bytes: int
+    budget_bytes: int
+    bandwidth_gb_s: float
+    overhead_bytes: int  # runtime memory besides weights, caches and compute buffers
+    budget_note: str  # how budget_bytes was derived
+    compute_capability: str | None = None
+    fp16_tflops: float | None = None  # dense tensor-core FP16 (profile), for prefill estimates
+    hardware_id: str | None = None  # profile id or NVML name: keys measured speed profiles
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The host first, then the GPUs, as llama.cpp will see them."""
+
+    devices: tuple[Device, ...]
+    source: str  # "detected", "profile", "vram" or "cpu"
+    cpu_repack: bool = True  # AVX2 host: Q4_0/Q4_K/IQ4_NL CPU weights get a repacked copy
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def cpu(self) -> Device:
+        return self.devices[0]
+
+    @property
+    def gpus(self) -> tuple[Device, ...]:
+        return self.devices[1:]
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.devices) > 1
+
+    def gpu_split(self) -> tuple[float, ...]:
+        """How llama.cpp shares layers between GPUs by default: in proportion to free memory."""
+        return tuple(float(gpu.budget_bytes) for gpu in self.gpus)
+
+
+def host_device(ram_bytes: int, note: str, total_bytes: int | None = None) -> Device:
+    budget = max(ram_bytes - HOST_MARGIN_BYTES, 0)
+    return Device(
+        name="CPU",
+        kind="cpu",
+        label="host RAM",
+        total_bytes=total_bytes if total_bytes is not None else ram_bytes,
+        budget_bytes=budget,
+        bandwidth_gb_s=DEFAULT_CPU_BANDWIDTH_GB_S,
+        overhead_bytes=0,
+        budget_note=f"{note} minus {_gib(HOST_MARGIN_BYTES)} for the system",
+        hardware_id="cpu",
+    )
+
+
+def profile_gpu(
+    profile: GpuProfile, index: int = 0, margin_bytes: int = DEFAULT_MARGIN_BYTES
+) -> Device:
+    budget = profile.vram_bytes - DESKTOP_RESERVE_BYTES - margin_bytes
+    return Device(
+        name=f"CUDA{index}",
+        kind="gpu",
+        label=f"{profile.name} (profile {profile.id})",
+        total_bytes=profile.vram_bytes,
+        budget_bytes=_positive_budget(budget, profile.name),
+        bandwidth_gb_s=profile.bandwidth_gb_s,
+        overhead_bytes=profile.overhead_bytes,
+        budget_note=(
+            f"{_gib(profile.vram_bytes)} VRAM minus {_gib(DESKTOP_RESERVE_BYTES)} desktop "
+            f"reserve minus {_gib(margin_bytes)} margin"
+        ),
+        compute_capability=profile.compute_capability,
+        fp16_tflops=profile.fp16_tflops,
+        hardware_id=profile.id,
+    )
+
+
+def vram_gpu(vram_bytes: int, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Device:
+    return Device(
+        name="CUDA0",
+        kind="gpu",
+        label=f"GPU with {_gib(vram_bytes)}",
+        total_bytes=vram_bytes,
+        budget_bytes=_positive_budget(vram_bytes - margin_bytes, "--vram"),
+        bandwidth_gb_s=DEFAULT_GPU_BANDWIDTH_GB_S,
+        overhead_bytes=DEFAULT_GPU_OVERHEAD_BYTES,
+        budget_note=f"{_gib(vram_bytes)} given with --vram minus {_gib(margin_bytes)} margin",
+    )
+
+
+def hardware_from_report(
+    report: HardwareReport, margin_bytes: int = DEFAULT_MARGIN_BYTES, ram_bytes: int | None = None
+) -> Hardware:
+    """This machine as detected: free VRAM per GPU (if llama.cpp can use them) and free RAM."""
+    host = _host_from_report(report, ram_bytes)
+    notes = []
+    gpus: list[Device] = []
+    if report.gpus and report.build.cpu_only:
+        notes.append("llama.cpp is built for CPU only: planning for the CPU, ignoring the GPUs.")
+    elif report.gpus:
+        for gpu in report.gpus:
+            device = _detected_gpu(gpu, len(gpus), margin_bytes)
+            if device.budget_bytes <= device.overhead_bytes:
+                notes.append(f"{device.label} has almost no free VRAM: planning without it.")
+                continue
+            gpus.append(device)
+    cpu_repack = bool(report.cpu.has_avx2)
+    return Hardware((host, *gpus), "detected" if gpus else "cpu", cpu_repack, tuple(notes))
+
+
+def _host_from_report(report: HardwareReport, ram_bytes: int | None) -> Device:
+    if ram_bytes is not None:
+        return host_device(ram_bytes, f"{_gib(ram_bytes)} given with --ram")
+    memory = report.memory
+    available = memory.ram_available_bytes
+    if memory.cgroup_limit_bytes is not None:
+        available = min(available, memory.cgroup_limit_bytes)
+    return host_device(available, f"{_gib(available)} RAM available", memory.ram_total_bytes)
+
+
+def _detected_gpu(gpu: object, index: int, margin_bytes: int) -> Device:
+    from homelab.hardware.gpu import GpuInfo
+
+    assert isinstance(gpu, GpuInfo)
+    profile = _profile_or_none(gpu.profile_id)
+    free = gpu.memory_free_bytes
+    return Device(
+        name=f"CUDA{index}",
+        kind="gpu",
+        label=gpu.name,
+        total_bytes=gpu.memory_total_bytes,
+        budget_bytes=max(free - margin_bytes, 0),
+        bandwidth_gb_s=profile.bandwidth_gb_s if profile else DEFAULT_GPU_BANDWIDTH_GB_S,
+        overhead_bytes=profile.overhead_bytes if profile else DEFAULT_GPU_OVERHEAD_BYTES,
+        budget_note=f"{_gib(free)} free now (NVML) minus {_gib(margin_bytes)} margin",
+        compute_capability=gpu.compute_capability,
+        fp16_tflops=profile.fp16_tflops if profile else None,
+        hardware_id=profile.id if profile else gpu.name,
+    )
+
+
+def _profile_or_none(profile_id: str | None) -> GpuProfile | None:
+    if profile_id is None:
+        return None
+    from homelab.hardware.profiles import find_gpu_profile
+
+    try:
+        return find_gpu_profile(profile_id)
+    except ConfigError:
+        return None
+
+
+def resolve_hardware(
+    gpu: str | None = None,
+    vram_bytes: int | None = None,
+    ram_bytes: int | None = None,
+    margin_bytes: int | None = None,
+    gpu_overhead_bytes: int | None = None,
+) -> Hardware:
+    """The hardware a plan is for: a profile (``--gpu``), a size (``--vram``) or this machine."""
+    margin = DEFAULT_MARGIN_BYTES if margin_bytes is None else margin_bytes
+    if gpu is not None and vram_bytes is not None:
+        raise PlanError("Give either --gpu or --vram, not both.")
+    if gpu is not None or vram_bytes is not None:
+        hardware = _offline_hardware(gpu, vram_bytes, ram_bytes, margin)
+    else:
+        from homelab.hardware.report import detect
+
+        hardware = hardware_from_report(detect(), margin, ram_bytes)
+    return with_gpu_overhead(hardware, gpu_overhead_bytes)
+
+
+def _offline_hardware(
+    gpu: str | None, vram_bytes: int | None, ram_bytes: int | None, margin: int
+) -> Hardware:
+    from homelab.hardware.host import read_cpu, read_memory
+
+    if ram_bytes is None:
+        memory = read_memory()
+        host = host_device(memory.ram_total_bytes, f"{_gib(memory.ram_total_bytes)} RAM here")
+    else:
+        host = host_device(ram_bytes, f"{_gib(ram_bytes)} given with --ram")
+    if gpu is not None:
+        from homelab.hardware.profiles import find_gpu_profile
+
+        device, source = profile_gpu(find_gpu_profile(gpu), 0, margin), "profile"
+    else:
+        assert vram_bytes is not None
+        device, source = vram_gpu(vram_bytes, margin), "vram"
+    return Hardware((host, device), source, bool(read_cpu().has_avx2))
+
+
+def with_gpu_overhead(hardware: Hardware, overhead_bytes: int | None) -> Hardware:
+    if overhead_bytes is None:
+        return hardware
+    from dataclasses import replace
+
+    devices = tuple(
+        replace(d, overhead_bytes=overhead_bytes) if d.kind == "gpu" else d
+        for d in hardware.devices
+    )
+    return replace(hardware, devices=devices)
+
+
+def _positive_budget(budget: int, what: str) -> int:
+    if budget <= 0:
+        raise PlanError(
+            f"{what} leaves no memory to plan with after the reserve and margin.",
+            hint="Lower --margin or free some VRAM.",
+        )
+    return budget
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.2f} GiB"

@@ -1,0 +1,219 @@
+"""The llama.cpp memory model: bytes per device for weights, KV cache, recurrent state, compute
+buffers and runtime overhead. Pure arithmetic on a :class:`ModelInfo` and :class:`Settings`.
+
+How exact each part is (``tests/planner`` checks them against real llama.cpp loads):
+
+* **KV cache** and **recurrent state** (:mod:`homelab.planner.cache`): byte for byte.
+* **Weights** (:mod:`homelab.planner.placement`): the GGUF tensor sizes, placed by llama.cpp's
+  rules; exact for a file, as good as the catalogue's synthetic tensors otherwise.
+* **Compute** (:mod:`homelab.planner.compute`): a structural formula calibrated on CPU dry
+  runs (within 5% or 0.5 MiB for the demo models); on CUDA an estimate until a dry run there
+  confirms it.
+* **Overhead**: per GPU the CUDA context, cuBLAS workspace and pool (the GPU profile's
+  measured default, overridable); on the host the logits output buffer.
+
+Each layer's KV cache and recurrent state live on the device holding that layer (llama.cpp's
+``offload_kqv`` default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from homelab.gguf.model import ModelInfo
+from homelab.planner.budget import Device, Hardware
+from homelab.planner.cache import kv_bytes_by_layer, recurrent_bytes_by_layer
+from homelab.planner.compute import GraphPart, compute_bytes, graph_facts
+from homelab.planner.geometry import cache_geometry
+from homelab.planner.placement import layer_devices, weight_table
+from homelab.planner.settings import Settings
+
+F32 = 4
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What one device holds under a plan, in bytes."""
+
+    name: str
+    kind: str
+    label: str
+    budget_bytes: int
+    weights_bytes: int
+    kv_bytes: int
+    recurrent_bytes: int
+    compute_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weights_bytes
+            + self.kv_bytes
+            + self.recurrent_bytes
+            + self.compute_bytes
+            + self.overhead_bytes
+        )
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.budget_bytes - self.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.budget_bytes
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "label": self.label,
+            "budget_bytes": self.budget_bytes,
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "recurrent_bytes": self.recurrent_bytes,
+            "compute_bytes": self.compute_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-device memory of one configuration; the host (CPU) first."""
+
+    devices: tuple[DeviceMemory, ...]
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(d.weights_bytes for d in self.devices)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(d.kv_bytes for d in self.devices)
+
+    @property
+    def recurrent_bytes(self) -> int:
+        return sum(d.recurrent_bytes for d in self.devices)
+
+    @property
+    def compute_bytes(self) -> int:
+        return sum(d.compute_bytes for d in self.devices)
+
+    @property
+    def overhead_bytes(self) -> int:
+        return sum(d.overhead_bytes for d in self.devices)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(d.total_bytes for d in self.devices)
+
+    @property
+    def fits(self) -> bool:
+        return all(d.fits for d in self.devices)
+
+    @property
+    def tightest(self) -> DeviceMemory:
+        """The device closest to (or furthest over) its budget."""
+        return min(self.devices, key=lambda d: d.headroom_bytes / max(d.budget_bytes, 1))
+
+    def device(self, name: str) -> DeviceMemory:
+        return next(d for d in self.devices if d.name == name)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "kv_bytes": self.kv_bytes,
+            "recurrent_bytes": self.recurrent_bytes,
+            "compute_bytes": self.compute_bytes,
+            "overhead_bytes": self.overhead_bytes,
+            "total_bytes": self.total_bytes,
+            "devices": [d.to_dict() for d in self.devices],
+        }
+
+
+class MemoryModel:
+    """A model's memory facts, computed once so that a search can estimate many settings fast."""
+
+    def __init__(self, model: ModelInfo, compute_correction: dict[str, int] | None = None) -> None:
+        self.model = model
+        self.geometry = cache_geometry(model)
+        self.facts = graph_facts(model)
+        self.weights = weight_table(model)
+        # bytes to add to a device's formula compute buffer (from a dry run that measured it)
+        self.compute_correction = dict(compute_correction or {})
+
+    @property
+    def n_layer(self) -> int:
+        return self.model.n_layer
+
+    @property
+    def full_offload_layers(self) -> int:
+        """``n_gpu_layers`` that puts every block and the output head on the GPU."""
+        return self.model.n_layer + 1
+
+    def layer_placement(self, settings: Settings, hardware: Hardware) -> tuple[int, ...]:
+        n_gpu_layers = settings.n_gpu_layers if hardware.has_gpu else 0
+        return layer_devices(self.n_layer, n_gpu_layers, hardware.gpu_split())
+
+    def estimate(self, settings: Settings, hardware: Hardware) -> MemoryEstimate:
+        placement = self.layer_placement(settings, hardware)
+        n_cpu_moe = settings.n_cpu_moe if hardware.has_gpu else 0
+        count = len(hardware.devices)
+        weights = self.weights.by_device(placement, n_cpu_moe, count, hardware.cpu_repack)
+        kv = self._per_device(kv_bytes_by_layer(self.geometry, settings), placement, count)
+        recurrent = self._per_device(
+            recurrent_bytes_by_layer(self.geometry, settings), placement, count
+        )
+        compute = self._compute(settings, hardware, placement, n_cpu_moe)
+        devices = tuple(
+            DeviceMemory(
+                name=device.name,
+                kind=device.kind,
+                label=device.label,
+                budget_bytes=device.budget_bytes,
+                weights_bytes=weights[index],
+                kv_bytes=kv[index],
+                recurrent_bytes=recurrent[index],
+                compute_bytes=compute[index] + self.compute_correction.get(device.name, 0),
+                overhead_bytes=self._overhead(device, settings),
+            )
+            for index, device in enumerate(hardware.devices)
+        )
+        return MemoryEstimate(devices)
+
+    @staticmethod
+    def _per_device(sizes: dict[int, int], placement: tuple[int, ...], count: int) -> list[int]:
+        totals = [0] * count
+        for layer, n_bytes in sizes.items():
+            totals[placement[layer]] += n_bytes
+        return totals
+
+    def _compute(
+        self, settings: Settings, hardware: Hardware, placement: tuple[int, ...], n_cpu_moe: int
+    ) -> list[int]:
+        count = len(hardware.devices)
+        if count == 1:
+            return [compute_bytes(self.facts, settings)]
+        totals = []
+        for index in range(count):
+            part = GraphPart(
+                layers=frozenset(il for il in range(self.n_layer) if placement[il] == index),
+                has_output=placement[-1] == index,
+                has_input=index == 0,
+            )
+            totals.append(compute_bytes(self.facts, settings, part, cuda=index > 0))
+        # op offload: big batches on CPU-resident weights run on the first GPU, which then
+        # holds a copy of the largest such tensor in its compute buffer
+        totals[1] += self.weights.largest_cpu_tensor_bytes(placement, n_cpu_moe)
+        return totals
+
+    def _overhead(self, device: Device, settings: Settings) -> int:
+        if device.kind == "gpu":
+            return device.overhead_bytes
+        return F32 * self.model.n_vocab * settings.n_parallel  # logits output buffer
+
+
+def estimate_memory(model: ModelInfo, settings: Settings, hardware: Hardware) -> MemoryEstimate:
+    """Per-device memory of ``model`` loaded with ``settings`` on ``hardware``."""
+    return MemoryModel(model).estimate(settings, hardware)

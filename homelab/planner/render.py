@@ -1,0 +1,134 @@
+"""A plan as readable text: the chosen knobs, memory bars per device, the capacity table, the
+predicted speed, what llama.cpp confirmed, and the reasons."""
+
+from __future__ import annotations
+
+from homelab.planner.memory import DeviceMemory
+from homelab.planner.plan import CapacityRow, Plan, Verification
+from homelab.planner.sizes import format_size
+
+BAR_WIDTH = 28
+# one character per component, in stacking order
+BAR_PARTS = (("weights", "█"), ("KV", "▓"), ("recurrent", "▒"), ("compute", "▒"), ("overhead", "░"))
+FREE = "·"
+
+
+def render_plan(plan: Plan) -> str:
+    sections = [
+        _title(plan),
+        _chosen(plan),
+        _memory(plan),
+        _capacity(plan),
+        _predicted(plan),
+        _verified(plan.verified),
+        _reasons(plan),
+    ]
+    return "\n\n".join(section for section in sections if section) + "\n"
+
+
+def _title(plan: Plan) -> str:
+    where = ", ".join(d.label for d in plan.hardware.gpus) or "CPU only"
+    state = "fits" if plan.fits else "DOES NOT FIT"
+    return f"{plan.model_name} ({plan.architecture}) on {where} · goal: {plan.goal} · {state}"
+
+
+def _chosen(plan: Plan) -> str:
+    s = plan.settings
+    full = plan.full_offload_layers
+    offload = "no GPU" if not plan.hardware.has_gpu else f"{min(s.n_gpu_layers, full)}/{full} layers on the GPU"
+    if s.n_cpu_moe:
+        offload += f", experts of {s.n_cpu_moe} blocks on the CPU"
+    rows = [
+        ("quant", f"{s.quant}   (of {', '.join(plan.quants_considered)})"),
+        ("context", f"{s.n_ctx_per_slot} tokens per slot × {s.n_parallel} slot(s) = n_ctx {s.n_ctx}"
+                    f"   (trained {plan.trained_context})"),
+        ("KV cache", f"{s.type_k} / {s.type_v}   flash attention {'on' if s.flash_attn else 'off'}"),
+        ("offload", offload),
+        ("batch", f"n_ubatch {s.n_ubatch}, n_batch {s.n_batch}, swa_full {'on' if s.swa_full else 'off'}"),
+    ]  # fmt: skip
+    return "Chosen\n" + "\n".join(f"  {name:<9} {value}" for name, value in rows)
+
+
+def _memory(plan: Plan) -> str:
+    header = f"  {'device':<24} {'':<{BAR_WIDTH}}  {'weights':>10} {'KV':>10} {'compute':>10} {'overhead':>10} {'total':>10} {'budget':>10}"
+    lines = ["Memory   (█ weights ▓ KV ▒ compute/recurrent ░ overhead · free)", header]
+    for device in reversed(plan.memory.devices):  # GPUs first
+        lines.append(_device_line(device))
+    return "\n".join(lines)
+
+
+def _device_line(device: DeviceMemory) -> str:
+    name = f"{device.name} {device.label}"[:24]
+    kv = device.kv_bytes + device.recurrent_bytes
+    cells = [format_size(v) for v in (device.weights_bytes, kv, device.compute_bytes, device.overhead_bytes)]
+    used = 100 * device.total_bytes / max(device.budget_bytes, 1)
+    return (
+        f"  {name:<24} {memory_bar(device)}  "
+        + " ".join(f"{c:>10}" for c in cells)
+        + f" {format_size(device.total_bytes):>10} {format_size(device.budget_bytes):>10} {used:4.0f}%"
+    )
+
+
+def memory_bar(device: DeviceMemory, width: int = BAR_WIDTH) -> str:
+    """A stacked bar of the device's budget; over budget it is scaled to the total and ends in '!'."""
+    values = {
+        "weights": device.weights_bytes,
+        "KV": device.kv_bytes,
+        "recurrent": device.recurrent_bytes,
+        "compute": device.compute_bytes,
+        "overhead": device.overhead_bytes,
+    }
+    scale = max(device.budget_bytes, device.total_bytes, 1)
+    bar = ""
+    used = 0.0
+    for part, char in BAR_PARTS:
+        used += values[part] / scale * width
+        bar += char * (round(used) - len(bar))
+    bar += FREE * (width - len(bar))
+    return bar[: width - 1] + "!" if not device.fits else bar
+
+
+def _capacity(plan: Plan) -> str:
+    s = plan.settings
+    where = "all layers on the GPU" if plan.hardware.has_gpu and s.n_gpu_layers > 0 else "as offloaded"
+    if not plan.hardware.has_gpu:
+        where = "on the CPU"
+    lines = [
+        f"Capacity per slot ({s.n_parallel} slot(s), {s.quant}, {where}, n_ubatch {s.n_ubatch})",
+        f"  {'KV K/V':<12} {'max context':>12} {'memory allows':>14}",
+    ]
+    lines.extend(_capacity_line(row) for row in plan.capacity)
+    return "\n".join(lines)
+
+
+def _capacity_line(row: CapacityRow) -> str:
+    pair = f"{row.type_k}/{row.type_v}"
+    if row.max_ctx_memory == 0 and row.note:
+        return f"  {pair:<12} {'—':>12} {'—':>14}   {row.note}"
+    mark = "   ← chosen" if row.chosen else ""
+    note = f"   ({row.note})" if row.note else ""
+    return f"  {pair:<12} {row.max_ctx:>12} {row.max_ctx_memory:>14}{mark}{note}"
+
+
+def _predicted(plan: Plan) -> str:
+    p = plan.predicted
+    return (
+        f"Predicted  {p.decode_tok_s:.0f} tok/s decode at {p.context_fill} tokens of context "
+        f"({p.decode_tok_s_full_context:.0f} with the slot full), {p.prefill_tok_s:.0f} tok/s prefill"
+        f"\n           basis: {p.basis} — {p.detail}"
+    )
+
+
+def _verified(verification: Verification) -> str:
+    lines = [f"Verified   {verification.method}: {verification.detail}"]
+    for c in verification.comparisons:
+        state = "exact" if c.exact else f"{c.error_pct:+.1f}%"
+        lines.append(
+            f"           {c.what:<22} planner {format_size(c.predicted_bytes):>11}   "
+            f"llama.cpp {format_size(c.engine_bytes):>11}   {state}"
+        )
+    return "\n".join(lines)
+
+
+def _reasons(plan: Plan) -> str:
+    return "Why\n" + "\n".join(f"  • {reason}" for reason in plan.reasons)

@@ -1,0 +1,408 @@
+"""The joint search: weight quant, KV types, context, slots, offload, flash attention, n_ubatch.
+
+Every candidate is checked with the memory model on every device against its budget. The
+search prefers, in this order: keeping all layers on the GPU (partial offload costs most of
+the decode speed), the best weight quant that reaches the minimum the user asked for, then
+whatever the goal optimises:
+
+* ``context`` (default): the longest per-slot context up to the model's trained context; the
+  KV type that reaches furthest wins, ties go to the better KV type.
+* ``quality``: the best quant, then the best KV type, that reach ``--ctx``.
+* ``throughput``: the workload ``--parallel`` × ``--ctx`` at the best quant; without
+  ``--parallel``, as many slots as fit (the KV type that fits most wins).
+
+Knobs the user fixed (``PlanRequest``) are never changed. Only when nothing fits with every
+layer on the GPU does the search move MoE experts (``n_cpu_moe``) and then whole layers to the
+CPU. When nothing fits at all, :class:`PlanError` names the binding device and what would fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from homelab.errors import PlanError
+from homelab.gguf.model import ModelInfo
+from homelab.planner.budget import GIB, Hardware
+from homelab.planner.cache import CTX_PAD, pad
+from homelab.planner.memory import MemoryEstimate, MemoryModel
+from homelab.planner.predict import roofline_decode_tok_s
+from homelab.planner.rules import (
+    DEFAULT_KV_PAIRS,
+    KvPair,
+    flash_attn_problem,
+    kv_label,
+    kv_pair_problem,
+    kv_quality,
+)
+from homelab.planner.settings import Settings
+
+GOALS = ("context", "quality", "throughput")
+DEFAULT_MIN_CONTEXT = 4096
+DEFAULT_QUALITY_CONTEXT = 8192
+DEFAULT_THROUGHPUT_CONTEXT = 4096
+MAX_SLOTS = 64
+DEFAULT_UBATCHES = (512, 256)
+PARTIAL_OFFLOAD_MIN_SPEED_SHARE = 0.75  # longer context may cost at most 25% of decode speed
+CAPACITY_LIMIT_TOKENS = 1 << 20
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked for; every field that is not None is a fixed knob."""
+
+    goal: str = "context"
+    ctx: int | None = None  # per-slot context (each request's)
+    parallel: int | None = None
+    kv: KvPair | None = None
+    quant: str | None = None
+    n_gpu_layers: int | None = None
+    n_cpu_moe: int | None = None
+    flash_attn: bool | None = None
+    n_ubatch: int | None = None
+    swa_full: bool = False
+    kv_unified: bool = False
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One evaluated configuration."""
+
+    memory: MemoryModel
+    settings: Settings
+    estimate: MemoryEstimate
+
+    @property
+    def model(self) -> ModelInfo:
+        return self.memory.model
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    choice: Choice
+    reasons: tuple[str, ...]
+
+
+def order_by_quality(models: Sequence[ModelInfo]) -> list[ModelInfo]:
+    """Quant variants best first: more bits per weight is better."""
+    return sorted(models, key=lambda m: -m.weights_bytes / max(m.n_params, 1))
+
+
+def select_quant(models: Sequence[ModelInfo], quant: str | None) -> list[ModelInfo]:
+    ordered = order_by_quality(models)
+    if quant is None:
+        return ordered
+    chosen = [m for m in ordered if m.file_type.lower() == quant.strip().lower()]
+    if not chosen:
+        known = ", ".join(m.file_type for m in ordered)
+        raise PlanError(f"No {quant} file of this model is available.", hint=f"Available: {known}.")
+    return chosen
+
+
+class Search:
+    """One planning run over the quant variants of one model."""
+
+    def __init__(self, models: Sequence[ModelInfo], hardware: Hardware, request: PlanRequest):
+        if request.goal not in GOALS:
+            raise PlanError(f"Unknown goal {request.goal!r}.", hint=f"Use one of {', '.join(GOALS)}.")
+        self.hardware = hardware
+        self.request = request
+        self.candidates = [MemoryModel(m) for m in select_quant(models, request.quant)]
+        self.all_quants = [m.file_type for m in order_by_quality(models)]
+        self.reasons: list[str] = []
+
+    # --- settings ----------------------------------------------------------------------
+
+    def flash_attn(self, memory: MemoryModel) -> bool:
+        if self.request.flash_attn is not None:
+            return self.request.flash_attn
+        return flash_attn_problem(memory.model, self.hardware) is None
+
+    def pairs(self, memory: MemoryModel) -> list[KvPair]:
+        """The KV pairs allowed for this model, best first."""
+        if self.request.kv is not None:
+            problem = kv_pair_problem(memory.model, self.hardware, self.request.kv, self.flash_attn(memory))
+            if problem:
+                raise PlanError(f"--kv {kv_label(self.request.kv)} cannot be used: {problem}.")
+            return [self.request.kv]
+        flash = self.flash_attn(memory)
+        allowed = [p for p in DEFAULT_KV_PAIRS if not kv_pair_problem(memory.model, self.hardware, p, flash)]
+        return sorted(allowed, key=kv_quality, reverse=True)
+
+    def ubatches(self) -> tuple[int, ...]:
+        return (self.request.n_ubatch,) if self.request.n_ubatch else DEFAULT_UBATCHES
+
+    def base(self, memory: MemoryModel, pair: KvPair, n_parallel: int, n_ubatch: int) -> Settings:
+        """Settings with every layer on the GPU (or the user's offload) and the smallest context."""
+        if not self.hardware.has_gpu:
+            n_gpu_layers = 0
+        elif self.request.n_gpu_layers is not None:
+            n_gpu_layers = self.request.n_gpu_layers
+        else:
+            n_gpu_layers = memory.full_offload_layers
+        return Settings(
+            quant=memory.model.file_type,
+            n_ctx=CTX_PAD * n_parallel,
+            n_ctx_per_slot=CTX_PAD,
+            n_parallel=n_parallel,
+            type_k=pair[0],
+            type_v=pair[1],
+            flash_attn=self.flash_attn(memory),
+            n_gpu_layers=n_gpu_layers,
+            n_cpu_moe=self.request.n_cpu_moe or 0,
+            n_ubatch=n_ubatch,
+            swa_full=self.request.swa_full,
+            kv_unified=self.request.kv_unified,
+        )
+
+    @staticmethod
+    def with_ctx(settings: Settings, per_slot: int) -> Settings:
+        per_slot = pad(max(per_slot, 1))
+        return replace(settings, n_ctx=per_slot * settings.n_parallel, n_ctx_per_slot=per_slot)
+
+    @staticmethod
+    def with_slots(settings: Settings, n_parallel: int) -> Settings:
+        per_slot = settings.n_ctx_per_slot
+        return replace(settings, n_parallel=n_parallel, n_ctx=per_slot * n_parallel)
+
+    def evaluate(self, memory: MemoryModel, settings: Settings) -> Choice:
+        return Choice(memory, settings, memory.estimate(settings, self.hardware))
+
+    def fits(self, memory: MemoryModel, settings: Settings) -> bool:
+        return memory.estimate(settings, self.hardware).fits
+
+    # --- the searches over one dimension ----------------------------------------------
+
+    def max_ctx(self, memory: MemoryModel, settings: Settings, cap: int) -> int:
+        """The longest per-slot context (a multiple of 256, at most ``cap``) that fits; 0: none."""
+        return CTX_PAD * _largest(1, pad(cap) // CTX_PAD, lambda k: self.fits(memory, self.with_ctx(settings, k * CTX_PAD)))
+
+    def max_slots(self, memory: MemoryModel, settings: Settings) -> int:
+        return _largest(1, MAX_SLOTS, lambda n: self.fits(memory, self.with_slots(settings, n)))
+
+    def offload_to_fit(self, memory: MemoryModel, settings: Settings) -> Settings | None:
+        """The least CPU offload that makes ``settings`` fit (experts first, then layers)."""
+        if self.fits(memory, settings):
+            return settings
+        if not self.hardware.has_gpu or self.request.n_gpu_layers is not None:
+            return None
+        trunk = memory.geometry.n_layer_trunk
+        if memory.model.is_moe and self.request.n_cpu_moe is None:
+            n = _smallest(1, trunk, lambda k: self._gpu_fits(memory, replace(settings, n_cpu_moe=k)))
+            if n and self.fits(memory, replace(settings, n_cpu_moe=n)):
+                return replace(settings, n_cpu_moe=n)
+        top = memory.full_offload_layers - 1
+        ngl = _largest(0, top, lambda k: self._gpu_fits(memory, replace(settings, n_gpu_layers=k)), empty=-1)
+        if ngl >= 0 and self.fits(memory, replace(settings, n_gpu_layers=ngl)):
+            return replace(settings, n_gpu_layers=ngl)
+        return None
+
+    def _gpu_fits(self, memory: MemoryModel, settings: Settings) -> bool:
+        estimate = memory.estimate(settings, self.hardware)
+        return all(d.fits for d in estimate.devices if d.kind == "gpu")
+
+    def decode_tok_s(self, choice: Choice) -> float:
+        return roofline_decode_tok_s(choice.memory, choice.settings, self.hardware, min(choice.settings.n_ctx_per_slot, 4096))
+
+    # --- goals ------------------------------------------------------------------------
+
+    def trained_ctx(self, memory: MemoryModel) -> int:
+        return max(memory.model.context_length, CTX_PAD)
+
+    def slots(self) -> int:
+        return self.request.parallel or 1
+
+    def run(self) -> SearchResult:
+        goal = {"context": self.goal_context, "quality": self.goal_quality, "throughput": self.goal_throughput}
+        choice = goal[self.request.goal]() or self.partial_offload()
+        if choice is None:
+            raise self.failure()
+        return SearchResult(choice, tuple(self.reasons))
+
+    def goal_context(self) -> Choice | None:
+        for memory in self.candidates:
+            cap = max(self.trained_ctx(memory), self.request.ctx or 0)
+            minimum = self.request.ctx or min(DEFAULT_MIN_CONTEXT, cap)
+            for n_ubatch in self.ubatches():
+                options = []
+                for pair in self.pairs(memory):
+                    base = self.base(memory, pair, self.slots(), n_ubatch)
+                    ctx = self.max_ctx(memory, base, cap)
+                    if ctx >= minimum:
+                        options.append((ctx, kv_quality(pair), self.with_ctx(base, ctx)))
+                if options:
+                    ctx, _, settings = max(options, key=lambda o: (o[0], o[1]))
+                    choice = self.evaluate(memory, settings)
+                    self.note_context_choice(choice, options, cap, minimum)
+                    return self.maybe_trade_speed_for_context(choice, cap)
+        return None
+
+    def goal_quality(self) -> Choice | None:
+        for memory in self.candidates:
+            ctx = self.request.ctx or min(DEFAULT_QUALITY_CONTEXT, self.trained_ctx(memory))
+            for n_ubatch in self.ubatches():
+                for pair in self.pairs(memory):
+                    settings = self.with_ctx(self.base(memory, pair, self.slots(), n_ubatch), ctx)
+                    if self.fits(memory, settings):
+                        self.reasons.append(
+                            f"goal quality: the best quant and KV type that hold {settings.n_ctx_per_slot} "
+                            f"tokens per slot with every layer on the GPU"
+                        )
+                        return self.evaluate(memory, settings)
+        return None
+
+    def goal_throughput(self) -> Choice | None:
+        for memory in self.candidates:
+            ctx = self.request.ctx or min(DEFAULT_THROUGHPUT_CONTEXT, self.trained_ctx(memory))
+            for n_ubatch in self.ubatches():
+                options = []
+                for pair in self.pairs(memory):
+                    settings = self.with_ctx(self.base(memory, pair, self.slots(), n_ubatch), ctx)
+                    if not self.fits(memory, settings):
+                        continue
+                    if self.request.parallel is None:
+                        settings = self.with_slots(settings, self.max_slots(memory, settings))
+                    options.append((settings.n_parallel, kv_quality(pair), settings))
+                if options:
+                    slots, _, settings = max(options, key=lambda o: (o[0], o[1]))
+                    self.reasons.append(
+                        f"goal throughput: {slots} slots × {settings.n_ctx_per_slot} tokens fit with "
+                        "every layer on the GPU" + ("" if self.request.parallel else f" (the most that fit, up to {MAX_SLOTS})")
+                    )
+                    return self.evaluate(memory, settings)
+        return None
+
+    def partial_offload(self) -> Choice | None:
+        """Nothing fits with every layer on the GPU: keep the least on the CPU."""
+        for memory in self.candidates:
+            ctx = self.fallback_ctx(memory)
+            options = []
+            for pair in self.pairs(memory):
+                for n_ubatch in self.ubatches():
+                    base = self.with_ctx(self.base(memory, pair, self.slots(), n_ubatch), ctx)
+                    settings = self.offload_to_fit(memory, base)
+                    if settings is not None:
+                        choice = self.evaluate(memory, settings)
+                        options.append((self.decode_tok_s(choice), kv_quality(pair), choice))
+                        break
+            if options:
+                speed, _, choice = max(options, key=lambda o: (o[0], o[1]))
+                if self.hardware.has_gpu:
+                    self.reasons.append(self.offload_note(choice, speed))
+                return choice
+        return None
+
+    def fallback_ctx(self, memory: MemoryModel) -> int:
+        if self.request.ctx:
+            return self.request.ctx
+        default = DEFAULT_QUALITY_CONTEXT if self.request.goal == "quality" else DEFAULT_MIN_CONTEXT
+        return min(default, self.trained_ctx(memory))
+
+    # --- reasons ------------------------------------------------------------------------
+
+    def note_context_choice(
+        self, choice: Choice, options: list[tuple[int, float, Settings]], cap: int, minimum: int
+    ) -> None:
+        settings = choice.settings
+        reach = ", ".join(f"{kv_label((s.type_k, s.type_v))} {ctx}" for ctx, _, s in sorted(options, key=lambda o: -o[1]))
+        limit = "the model's trained context" if settings.n_ctx_per_slot >= self.trained_ctx(choice.memory) else "what memory allows"
+        self.reasons.append(
+            f"goal context: {settings.n_ctx_per_slot} tokens per slot is {limit} "
+            f"(reachable per KV type: {reach}; minimum asked: {minimum})"
+        )
+
+    def maybe_trade_speed_for_context(self, choice: Choice, cap: int) -> Choice:
+        """If the trained context needs layers on the CPU, take it only when it stays fast."""
+        settings = choice.settings
+        if not self.hardware.has_gpu or settings.n_ctx_per_slot >= cap or self.request.n_gpu_layers is not None:
+            return choice
+        longer = self.offload_to_fit(choice.memory, self.with_ctx(settings, cap))
+        if longer is None:
+            return choice
+        longer_choice = self.evaluate(choice.memory, longer)
+        fast, slow = self.decode_tok_s(choice), self.decode_tok_s(longer_choice)
+        moved = self.describe_offload(longer_choice)
+        if slow >= PARTIAL_OFFLOAD_MIN_SPEED_SHARE * fast:
+            self.reasons.append(
+                f"took {cap} tokens by moving {moved} to the CPU: predicted decode "
+                f"{fast:.0f} -> {slow:.0f} tok/s, a cost worth the longer context"
+            )
+            return longer_choice
+        self.reasons.append(
+            f"kept every layer on the GPU: {cap} tokens would need {moved} on the CPU, "
+            f"cutting predicted decode from {fast:.0f} to {slow:.0f} tok/s"
+        )
+        return choice
+
+    def describe_offload(self, choice: Choice) -> str:
+        settings = choice.settings
+        full = choice.memory.full_offload_layers
+        if settings.n_gpu_layers < full:
+            return f"{full - settings.n_gpu_layers} of {full} layers"
+        return f"the experts of {settings.n_cpu_moe} of {choice.memory.geometry.n_layer_trunk} layers"
+
+    def offload_note(self, choice: Choice, speed: float) -> str:
+        return (
+            f"nothing fits with every layer on the GPU, so {self.describe_offload(choice)} stay on "
+            f"the CPU (predicted decode {speed:.0f} tok/s; a smaller quant or a shorter context "
+            "would keep them on the GPU)"
+        )
+
+    # --- failure ------------------------------------------------------------------------
+
+    def failure(self) -> PlanError:
+        memory = self.candidates[-1]  # the smallest quant allowed
+        pair = self.pairs(memory)[-1] if self.pairs(memory) else ("f16", "f16")
+        settings = self.with_ctx(self.base(memory, pair, self.slots(), self.ubatches()[-1]), self.fallback_ctx(memory))
+        if self.hardware.has_gpu and self.request.n_gpu_layers is None:
+            settings = replace(settings, n_gpu_layers=0)  # even with everything on the CPU
+        estimate = memory.estimate(settings, self.hardware)
+        over = [d for d in estimate.devices if not d.fits] or [estimate.tightest]
+        device = over[0]
+        needs = (
+            f"{memory.model.name} {memory.model.file_type} with {kv_label(pair)} KV, "
+            f"{settings.n_parallel} slot(s) × {settings.n_ctx_per_slot} tokens needs "
+            f"{_gib(device.total_bytes)} on {device.name} ({device.label}; budget {_gib(device.budget_bytes)}): "
+            f"weights {_gib(device.weights_bytes)}, KV {_gib(device.kv_bytes)}, "
+            f"compute {_gib(device.compute_bytes)}, overhead {_gib(device.overhead_bytes)}."
+        )
+        return PlanError(f"Nothing fits. {needs}", hint=self.what_would_fit(memory, pair))
+
+    def what_would_fit(self, memory: MemoryModel, pair: KvPair) -> str:
+        base = self.base(memory, pair, 1, self.ubatches()[-1])
+        ctx = self.max_ctx(memory, base, self.trained_ctx(memory))
+        if ctx:
+            return f"What fits: {memory.model.file_type} with {kv_label(pair)} KV holds {ctx} tokens in one slot."
+        if self.request.quant is not None and len(self.all_quants) > 1:
+            return f"Try another quant (available: {', '.join(self.all_quants)}) or more memory."
+        return "Even the smallest context does not fit: use a smaller model, a smaller quant or more memory."
+
+
+def _largest(low: int, high: int, ok: Callable[[int], bool], empty: int = 0) -> int:
+    """The largest n in [low, high] with ok(n), assuming ok is monotone (true, then false)."""
+    if high < low or not ok(low):
+        return empty
+    while low < high:
+        middle = (low + high + 1) // 2
+        if ok(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _smallest(low: int, high: int, ok: Callable[[int], bool]) -> int:
+    """The smallest n in [low, high] with ok(n) (ok monotone: false, then true); 0 if none."""
+    if high < low or not ok(high):
+        return 0
+    while low < high:
+        middle = (low + high) // 2
+        if ok(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / GIB:.2f} GiB"

@@ -1,0 +1,35 @@
+"""Byte sizes as people type them: ``24GiB``, ``512MiB``, ``24GB``, ``1.5G``, ``1073741824``."""
+
+from __future__ import annotations
+
+import re
+
+from homelab.errors import PlanError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 1000,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 1000**2,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 1000**3,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 1000**4,
+}  # fmt: skip
+_SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text``; binary units for K/M/G/T and KiB/MiB/GiB/TiB, decimal for KB/MB/GB/TB."""
+    match = _SIZE.match(text)
+    unit = match["unit"].lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise PlanError(
+            f"{text!r} is not a size.", hint="Write it like 24GiB, 512MiB, 24GB or a byte count."
+        )
+    return int(float(match["number"]) * _UNITS[unit])
+
+
+def format_size(n_bytes: float) -> str:
+    """``1.50 GiB``, ``512.00 MiB``, ``12.3 KiB``."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n_bytes) >= size:
+            return f"{n_bytes / size:.2f} {unit}"
+    return f"{int(n_bytes)} B"

@@ -1,0 +1,210 @@
+"""``homelab serve MODEL``: an OpenAI-compatible endpoint for one model.
+
+Listens on 127.0.0.1:8080 by default. Binding any other address needs API keys: when the
+keys file (``config_dir()/keys.toml`` or ``--api-key-file``) does not exist yet, one key is
+generated, its hash stored (mode 0600) and the key printed once. ``--new-key TENANT`` adds a
+key for a tenant and exits. The model is planned like ``homelab plan`` (the same flags) and
+loads while the server already answers ``/health`` with 503.
+Imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from homelab.planner.settings import Settings
+    from homelab.server.auth import KeyRing
+    from homelab.server.runner import EngineHolder
+
+DEFAULT_PORT = 8080
+DEFAULT_SLOTS = 4
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", metavar="MODEL", nargs="?", help="GGUF path, or demo:ARCH[:SIZE[:QUANT]]"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT})")
+    parser.add_argument(
+        "--api-key-file", type=Path, help="keys file (default: config dir keys.toml)"
+    )
+    parser.add_argument(
+        "--new-key", metavar="TENANT", help="add an API key for TENANT, print it, exit"
+    )
+    parser.add_argument(
+        "--admin", action="store_true", help="with --new-key: the tenant may read /metrics"
+    )
+    parser.add_argument("--model-id", help="the model name clients use (default: the file name)")
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=4 * 1024 * 1024, help="request body cap"
+    )
+    parser.add_argument(
+        "--default-max-tokens", type=int, default=2048, help="chat max_tokens when unset"
+    )
+    parser.add_argument("--cors-origin", action="append", default=[], help="allowed browser origin")
+    parser.add_argument("--log-prompts", action="store_true", help="log prompts and outputs (off)")
+    _add_plan_flags(parser)
+
+
+def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
+    try:
+        from homelab.planner.cli import add_plan_arguments
+    except ImportError:  # the planner's CLI is not there: the engine's direct knobs
+        from homelab.engine.cli import _plan_flags
+
+        _plan_flags(parser.add_argument_group("plan (llama.cpp settings)"))
+        parser.set_defaults(parallel=DEFAULT_SLOTS)
+        return
+    add_plan_arguments(parser)
+    if "--threads" not in parser._option_string_actions:  # a serving knob the plan leaves open
+        parser.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: its own)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from homelab.errors import ConfigError
+    from homelab.server.auth import add_key, default_keys_path
+
+    keys_path = args.api_key_file or default_keys_path()
+    if args.new_key:
+        key = add_key(keys_path, args.new_key, admin=args.admin)
+        _announce_key(args, keys_path, args.new_key, key)
+        return 0
+    if not args.model:
+        raise ConfigError("homelab serve needs a MODEL (a GGUF path or demo:ARCH).")
+    return _serve(args, keys_path)
+
+
+def _serve(args: argparse.Namespace, keys_path: Path) -> int:
+    from homelab.engine.cli import resolve_model
+    from homelab.server.app import create_app
+    from homelab.server.config import ServerConfig
+    from homelab.server.runner import EngineHolder, bind_socket, uvicorn_server
+
+    _setup_logging()
+    model_path = Path(resolve_model(args.model))
+    keys, new_key = _keys_for(args, keys_path)
+    config = ServerConfig(
+        model_id=args.model_id or model_path.stem,
+        host=args.host,
+        port=args.port,
+        keys=keys,
+        max_body_bytes=args.max_body_bytes,
+        default_max_tokens=args.default_max_tokens,
+        log_prompts=args.log_prompts,
+        cors_origins=tuple(args.cors_origin),
+    )
+    sock = bind_socket(args.host, args.port)
+    holder = EngineHolder()
+    server = uvicorn_server(create_app(holder, config))
+    loader = threading.Thread(target=_load, args=(holder, model_path, args, server), daemon=True)
+    loader.start()
+    _announce_start(args, config, keys_path, new_key)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if holder.engine is not None:
+            holder.engine.close()  # type: ignore[attr-defined]
+    if holder.failure is not None:
+        raise holder.failure
+    return 0
+
+
+def _load(holder: EngineHolder, model_path: Path, args: argparse.Namespace, server: Any) -> None:
+    from homelab.engine.engine import Engine
+
+    try:
+        settings = _plan_settings(args, model_path)
+        engine = Engine.load(model_path, settings)
+    except BaseException as exc:
+        holder.failure = exc
+        server.should_exit = True
+        return
+    holder.engine = engine
+    logging.getLogger("homelab.server").info(
+        "model loaded: %s (%d slots x %d tokens)",
+        model_path.name,
+        engine.n_slots,
+        engine.n_ctx_per_slot,
+    )
+
+
+def _plan_settings(args: argparse.Namespace, model_path: Path) -> Settings:
+    """The planner's choice for this model and these flags (the engine's knobs as fallback)."""
+    try:
+        from homelab.planner.cli import settings_from_args
+    except ImportError:
+        from homelab.engine.cli import settings_from
+
+        return settings_from(args)
+    settings = settings_from_args(args, model_path)
+    threads = getattr(args, "threads", None)
+    return replace(settings, n_threads=threads) if threads else settings
+
+
+def _keys_for(args: argparse.Namespace, keys_path: Path) -> tuple[KeyRing | None, str | None]:
+    """The key ring (None: no auth, loopback only) and a key generated just now, if any."""
+    from homelab.server.auth import add_key, load_keys
+    from homelab.server.config import is_loopback
+
+    if keys_path.exists():
+        return load_keys(keys_path), None
+    if args.api_key_file is not None:
+        from homelab.errors import ConfigError
+
+        raise ConfigError(
+            f"{keys_path}: the keys file does not exist.", hint="Create it with --new-key TENANT."
+        )
+    if is_loopback(args.host):
+        return None, None  # local only: like llama.cpp, no key needed
+    key = add_key(keys_path, "default", admin=True)
+    return load_keys(keys_path), key
+
+
+def _announce_key(args: argparse.Namespace, keys_path: Path, tenant: str, key: str) -> None:
+    if args.json:
+        print(
+            json.dumps({"tenant": tenant, "api_key": key, "keys_file": str(keys_path)}), flush=True
+        )
+        return
+    print(
+        f"New API key for tenant '{tenant}' (shown once; only its hash is stored in {keys_path}):"
+    )
+    print(f"  {key}", flush=True)
+
+
+def _announce_start(
+    args: argparse.Namespace, config: Any, keys_path: Path, new_key: str | None
+) -> None:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{config.port}/v1"
+    if args.json:
+        doc = {"base_url": url, "model": config.model_id, "auth": config.keys is not None}
+        if new_key:
+            doc.update(api_key=new_key, tenant="default", keys_file=str(keys_path))
+        print(json.dumps(doc), flush=True)
+        return
+    if new_key:
+        _announce_key(args, keys_path, "default", new_key)
+    auth = "API keys required" if config.keys is not None else "no API key needed (loopback only)"
+    print(
+        f"Serving {config.model_id} at {url} ({auth}); "
+        "/health answers 503 until the model is loaded.",
+        flush=True,
+    )
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("homelab")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

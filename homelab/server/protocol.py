@@ -1,0 +1,448 @@
+"""OpenAI wire types: what clients send (validated strictly) and what we answer.
+
+Requests are parsed from raw JSON bytes with pydantic in strict mode: wrong types are
+errors (``"5"`` is not an integer), ranges are checked, NaN is refused, and nesting is
+bounded by the JSON parser. Unknown fields are ignored, so clients written for other
+servers keep working. Fields whose OpenAI type is a union (``stop``, ``prompt``,
+``content``, ``tool_choice``) are validated by hand so an error names the parameter
+(``stop``), not a pydantic union branch.
+
+llama.cpp's slot and cache knobs (``id_slot``, ``cache_prompt``, ``n_keep``, ``n_discard``,
+``cache_salt``…) are *not* fields here: they are dropped with the other unknown fields and
+never reach the engine. The tenant comes only from the API key.
+
+Response models document the responses (OpenAPI); the routes build the same shapes as
+plain dicts for speed, and the tests check real responses against these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+MAX_STOP_STRINGS = 4
+MAX_STOP_LENGTH = 256
+MAX_TOP_LOGPROBS = 20
+MAX_TOOLS = 128
+MAX_LOGIT_BIAS_ENTRIES = 1024
+INT64_MAX = 2**63 - 1
+
+IGNORED_LLAMACPP_FIELDS = (
+    "id_slot",
+    "slot_id",
+    "cache_prompt",
+    "cache_salt",
+    "n_keep",
+    "n_discard",
+    "n_cache_reuse",
+    "lora",
+)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+# --- request parts -------------------------------------------------------------------------
+
+
+class TextPart(_Wire):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCall(_Wire):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Wire):
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+ContentJson = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"$ref": "#/components/schemas/TextPart"}},
+            {"type": "null"},
+        ]
+    }
+)
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[Any, ContentJson] = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_text(cls, value: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise ValueError("content must be a string or a list of text parts")
+        return "".join(_text_of_part(part) for part in value)
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a '{self.role}' message needs content")
+        return self
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else ""
+
+
+def _text_of_part(part: Any) -> str:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise ValueError("each content part must be an object with a 'type'")
+    if part["type"] != "text":
+        raise ValueError(f"content parts of type '{part['type']}' are not supported (text only)")
+    if not isinstance(part.get("text"), str):
+        raise ValueError("a text content part needs a string 'text'")
+    return str(part["text"])
+
+
+class FunctionDefinition(_Wire):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Wire):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(_Wire):
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("type 'json_schema' needs a 'json_schema' object")
+        return self
+
+
+ToolChoiceJson = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "function": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}},
+                        "required": ["name"],
+                    },
+                },
+                "required": ["type", "function"],
+            },
+            {"type": "null"},
+        ]
+    }
+)
+StopJson = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "maxItems": MAX_STOP_STRINGS},
+            {"type": "null"},
+        ]
+    }
+)
+PromptJson = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+            {"type": "array", "items": {"type": "integer"}, "minItems": 1},
+            {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "integer"}, "minItems": 1},
+                "minItems": 1,
+            },
+        ]
+    }
+)
+
+
+# --- requests ------------------------------------------------------------------------------
+
+
+class _SamplingRequest(_Wire):
+    """Fields shared by chat and text completions, in OpenAI's order."""
+
+    model: str
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    n: int = Field(default=1, ge=1, le=128)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    stop: Annotated[Any, StopJson] = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    user: str | None = None
+    # widely used extensions (llama.cpp, vLLM)
+    top_k: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, value: Any) -> tuple[str, ...]:
+        stops = [value] if isinstance(value, str) else value
+        if value is None:
+            return ()
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise ValueError("stop must be a string or a list of strings")
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if any(len(s) > MAX_STOP_LENGTH for s in stops):
+            raise ValueError(f"a stop string may be at most {MAX_STOP_LENGTH} characters")
+        return tuple(s for s in stops if s)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries are allowed")
+        for token, bias in value.items():
+            if not token.isascii() or not token.isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers), got {token!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError("bias values must be between -100 and 100")
+        return value
+
+    def stop_strings(self) -> tuple[str, ...]:
+        return self.stop if isinstance(self.stop, tuple) else ()
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Annotated[Any, ToolChoiceJson] = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any) -> str | None:
+        """Normalized to "none", "auto", "required" or "function:NAME"."""
+        if value is None or value in ("none", "auto", "required"):
+            return value  # type: ignore[no-any-return]
+        function = value.get("function") if isinstance(value, dict) else None
+        if isinstance(function, dict) and value.get("type") == "function":
+            name = function.get("name")
+            if isinstance(name, str) and name:
+                return f"function:{name}"
+        raise ValueError(
+            "tool_choice must be 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}'
+        )
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_SamplingRequest):
+    prompt: Annotated[Any, PromptJson]
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1, le=128)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompts(cls, value: Any) -> list[str | tuple[int, ...]]:
+        """Normalized to a list of prompts, each text or token ids."""
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, list) and value:
+            if all(isinstance(p, str) for p in value):
+                return list(value)
+            if all(_is_token_id(t) for t in value):
+                return [tuple(value)]
+            if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in value):
+                return [tuple(p) for p in value]
+        raise ValueError(
+            "prompt must be a string, a list of strings, a list of token ids "
+            "or a list of lists of token ids (none empty)"
+        )
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_echo_with_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("echo"):
+            raise ValueError("echo together with logprobs is not supported")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix (fill-in-the-middle) is not supported by this server")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("best_of is not supported (it may only equal n)")
+        return value
+
+    def prompts(self) -> list[str | tuple[int, ...]]:
+        return self.prompt if isinstance(self.prompt, list) else []
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --- responses (documentation and test oracle) ---------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobEntry(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobEntry] | None
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ResponseMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: CompletionLogprobs | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest, TextPart)

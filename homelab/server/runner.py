@@ -1,0 +1,117 @@
+"""Running the app in uvicorn: in the foreground (``homelab serve``) or in a background thread
+(the TUI, tests), with a handle to find it, stop it and follow its request log.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import uvicorn
+from fastapi import FastAPI
+
+from homelab.errors import EngineError
+from homelab.server.app import EngineProvider, RequestSubscriber, create_app, server_state
+from homelab.server.config import ServerConfig
+from homelab.server.serving import EngineLike
+
+STARTUP_TIMEOUT_S = 15.0
+
+
+class EngineHolder:
+    """An engine provider for a model that is loaded after the server starts listening."""
+
+    def __init__(self, engine: EngineLike | None = None) -> None:
+        self.engine = engine
+        self.failure: BaseException | None = None
+
+    def __call__(self) -> EngineLike | None:
+        return self.engine
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before uvicorn starts, so port 0 gives a known free port and errors come early."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        raise EngineError(
+            f"cannot listen on {host}:{port} ({exc.strerror}).", hint="Choose another --port."
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def uvicorn_server(app: FastAPI) -> uvicorn.Server:
+    config = uvicorn.Config(
+        app,
+        log_config=None,  # our logging setup; uvicorn's access log would print query strings
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+        server_header=False,
+    )
+    return uvicorn.Server(config)
+
+
+class ServerHandle:
+    """A server running in a background thread."""
+
+    def __init__(
+        self, app: FastAPI, server: uvicorn.Server, thread: threading.Thread, url: str
+    ) -> None:
+        self.app = app
+        self.url = url  # e.g. http://127.0.0.1:8080 (the OpenAI base URL is url + "/v1")
+        self._server = server
+        self._thread = thread
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def subscribe(self, callback: RequestSubscriber) -> Callable[[], None]:
+        """Call ``callback(RequestRecord)`` after each request (from the server's thread)."""
+        return server_state(self.app).subscribe(callback)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+
+
+def start_server(
+    engine: EngineLike | EngineProvider,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    config: ServerConfig | None = None,
+) -> ServerHandle:
+    """Serve ``engine`` (or an engine provider) on ``host:port`` (0: a free port) in a thread."""
+    config = replace(config or ServerConfig(), host=host)
+    provider: EngineProvider = engine if callable(engine) else (lambda: engine)
+    sock = bind_socket(host, port)
+    bound_port = sock.getsockname()[1]
+    config = replace(config, port=bound_port)
+    app = create_app(provider, config)
+    server = uvicorn_server(app)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="homelab-server", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise EngineError(f"the server did not start on {host}:{bound_port}.")
+        time.sleep(0.01)
+    shown_host = f"[{host}]" if ":" in host else host
+    return ServerHandle(app, server, thread, f"http://{shown_host}:{bound_port}")

@@ -1,0 +1,391 @@
+"""What chat and text completions share: checks that need the engine, sampling parameters,
+submitting choices, and reading their events back (merged, cancellable).
+
+The routes parse and validate the wire request (:mod:`homelab.server.protocol`); the
+functions here check what only the loaded model can tell (vocabulary, context, template),
+turn the request into :class:`~homelab.engine.api.GenerationRequest` items for the tenant
+the key belongs to, and collect or stream what comes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.to_thread
+from starlette.requests import Request
+
+from homelab.engine.api import (
+    EngineMetrics,
+    FinishEvent,
+    GenerationRequest,
+    RequestStats,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+)
+from homelab.errors import BusyError, ContextLengthError, EngineError
+from homelab.gguf.model import ModelInfo
+from homelab.server.auth import Tenant
+from homelab.server.config import ServerConfig
+from homelab.server.errors import (
+    ApiError,
+    api_error_from,
+    context_length_exceeded,
+    invalid_request,
+    service_unavailable,
+)
+from homelab.server.metrics import ServerMetrics
+from homelab.server.protocol import _SamplingRequest
+
+log = logging.getLogger("homelab.server")
+
+Event = TokenEvent | FinishEvent
+SEED_MODULUS = 2**32
+
+
+class HandleLike(Protocol):
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+    def cancel(self) -> None: ...
+
+
+class EngineLike(Protocol):
+    """The part of :class:`homelab.engine.engine.Engine` the server uses."""
+
+    @property
+    def model_info(self) -> ModelInfo: ...
+    @property
+    def n_ctx_per_slot(self) -> int: ...
+    @property
+    def chat_template(self) -> Any: ...
+    def submit(self, request: GenerationRequest) -> Any: ...
+    def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> Sequence[int]: ...
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str: ...
+    def metrics(self) -> EngineMetrics: ...
+
+
+@dataclass
+class RequestContext:
+    """Everything one request's handling needs besides the wire request."""
+
+    engine: EngineLike
+    config: ServerConfig
+    metrics: ServerMetrics
+    tenant: Tenant
+    usage: dict[str, Any]  # filled for the request log (see middleware.USAGE_KEY)
+    http: Request
+    request_id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def new_id(self, prefix: str) -> str:
+        self.request_id = f"{prefix}-{secrets.token_hex(12)}"
+        return self.request_id
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: tuple[int, ...]
+    text: str | None  # None for token-id prompts
+
+
+@dataclass
+class ChoiceState:
+    """One choice's accumulated output."""
+
+    index: int
+    prompt_index: int
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    text_offsets: list[int] = field(default_factory=list)  # where each logprob's token starts
+    finish: FinishEvent | None = None
+    _length: int = 0
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, FinishEvent):
+            self.finish = event
+            return
+        if event.logprob is not None:
+            self.logprobs.append(event.logprob)
+            self.text_offsets.append(self._length)
+        self.pieces.append(event.text)
+        self._length += len(event.text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+# --- checks that need the model -------------------------------------------------------------
+
+
+def check_model_name(config: ServerConfig, name: str) -> None:
+    if not config.accepts_model(name):
+        message = (
+            f"The model '{name}' does not exist on this server; it serves '{config.model_id}'."
+        )
+        raise ApiError(404, message, param="model", code="model_not_found")
+
+
+def check_choices(config: ServerConfig, n_choices: int) -> None:
+    if n_choices > config.max_choices:
+        message = f"At most {config.max_choices} choices per request are allowed, got {n_choices}."
+        raise invalid_request(message, param="n")
+
+
+def logit_bias_ids(bias: Mapping[str, float] | None, n_vocab: int) -> dict[int, float]:
+    ids = {int(token): value for token, value in (bias or {}).items()}
+    outside = [token for token in ids if token >= n_vocab]
+    if outside:
+        message = (
+            f"Token id {outside[0]} in logit_bias is outside the vocabulary (0..{n_vocab - 1})."
+        )
+        raise invalid_request(message, param="logit_bias")
+    return ids
+
+
+def check_token_ids(tokens: Sequence[int], n_vocab: int, param: str) -> None:
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise invalid_request(
+            f"Token id {bad} is outside the vocabulary (0..{n_vocab - 1}).", param=param
+        )
+
+
+def max_tokens_for(
+    ctx: RequestContext, requested: int | None, default: int, prompt_tokens: int
+) -> int:
+    """The completion budget: as requested (within the server's limit) or the default, and
+    always within the context left after the prompt."""
+    n_ctx = ctx.engine.n_ctx_per_slot
+    limit = min(ctx.config.max_tokens_limit or n_ctx, n_ctx)
+    if requested is not None and requested > limit:
+        message = (
+            f"max_tokens is too large: {requested}. "
+            f"This model supports at most {limit} completion tokens."
+        )
+        raise invalid_request(message, param="max_tokens")
+    room = n_ctx - prompt_tokens
+    if room < 1 or (requested is not None and requested > room):
+        raise context_length_exceeded(prompt_tokens, requested or 1, n_ctx)
+    return requested if requested is not None else min(default, room)
+
+
+def sampling_params(
+    req: _SamplingRequest,
+    *,
+    max_tokens: int,
+    n_vocab: int,
+    logprobs: int | None,
+    grammar: str | None,
+    choice_index: int,
+) -> SamplingParams:
+    defaults = SamplingParams()
+    seed = None if req.seed is None else (req.seed + choice_index) % SEED_MODULUS
+    return SamplingParams(
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_k=defaults.top_k if req.top_k is None else req.top_k,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        min_p=defaults.min_p if req.min_p is None else req.min_p,
+        repeat_penalty=req.repetition_penalty or defaults.repeat_penalty,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        seed=seed,
+        logit_bias=logit_bias_ids(req.logit_bias, n_vocab),
+        max_tokens=max_tokens,
+        stop=req.stop_strings(),
+        logprobs=logprobs,
+        grammar=grammar,
+    )
+
+
+async def tokenize(engine: EngineLike, text: str, add_bos: bool) -> tuple[int, ...]:
+    """Tokenize off the event loop (a long prompt takes a while)."""
+    tokens = await anyio.to_thread.run_sync(
+        lambda: engine.tokenize(text, add_bos=add_bos, special=True)
+    )
+    return tuple(tokens)
+
+
+# --- running choices ------------------------------------------------------------------------
+
+
+def submit_choices(
+    ctx: RequestContext,
+    prompts: Sequence[Prompt],
+    n: int,
+    sampling_for: Callable[[int, Prompt], SamplingParams],
+) -> tuple[list[HandleLike], list[ChoiceState]]:
+    """Submit ``n`` choices per prompt; on any failure cancel what was already submitted."""
+    handles: list[HandleLike] = []
+    states: list[ChoiceState] = []
+    if ctx.config.log_prompts:
+        for prompt in prompts:
+            log.info(
+                "prompt %s tenant=%s: %r",
+                ctx.request_id,
+                ctx.tenant.name,
+                prompt.text or prompt.tokens,
+            )
+    try:
+        for prompt_index, prompt in enumerate(prompts):
+            for _ in range(n):
+                index = len(handles)
+                request = GenerationRequest(
+                    tenant=ctx.tenant.name,
+                    prompt=prompt.tokens,
+                    sampling=sampling_for(index, prompt),
+                    request_id=f"{ctx.request_id}-{index}",
+                    add_bos=False,
+                )
+                handles.append(_submit(ctx.engine, request))
+                states.append(ChoiceState(index, prompt_index))
+    except BaseException:
+        cancel_all(handles)
+        raise
+    return handles, states
+
+
+def _submit(engine: EngineLike, request: GenerationRequest) -> HandleLike:
+    """Submit; the engine's synchronous refusals are about this request (400), except
+    context (400 with its code), a full queue (503) and a closing engine (503)."""
+    try:
+        return engine.submit(request)  # type: ignore[no-any-return]
+    except (ContextLengthError, BusyError):
+        raise
+    except EngineError as exc:
+        if "closed" in str(exc):
+            raise service_unavailable("The server is shutting down.", code="shutting_down") from exc
+        raise invalid_request(f"The request cannot be served: {exc}") from exc
+
+
+def cancel_all(handles: Sequence[HandleLike]) -> None:
+    for handle in handles:
+        handle.cancel()
+
+
+async def merged_events(handles: Sequence[HandleLike]) -> AsyncIterator[tuple[int, Event]]:
+    """Events of all handles as they come, tagged with the choice index."""
+    if len(handles) == 1:
+        async for event in handles[0]:
+            yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
+
+    async def pump(index: int, handle: HandleLike) -> None:
+        try:
+            async for event in handle:
+                queue.put_nowait((index, event))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(handles)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            remaining -= isinstance(item, FinishEvent)
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def collect(
+    ctx: RequestContext, handles: Sequence[HandleLike], states: list[ChoiceState]
+) -> bool:
+    """Read every choice to its end; False when the client went away first (all cancelled)."""
+    finished = False
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(_cancel_when_client_leaves, ctx.http, group.cancel_scope)
+            async for index, event in merged_events(handles):
+                states[index].add(event)
+            finished = True
+            group.cancel_scope.cancel()
+    finally:
+        cancel_all(handles)  # no-op for finished ones
+    return finished
+
+
+async def _cancel_when_client_leaves(http: Request, scope: anyio.CancelScope) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
+
+
+def check_finish(finish: FinishEvent | None) -> FinishEvent:
+    """A finish that ended in an engine error becomes the error to report."""
+    if finish is None or finish.reason == "cancelled":
+        raise ApiError(
+            503, "The generation was cancelled (the server is shutting down).", code="cancelled"
+        )
+    if finish.reason == "error":
+        log.error("generation failed: %s", finish.error)
+        raise ApiError(
+            500, "The model failed while generating the response.", code="generation_failed"
+        )
+    return finish
+
+
+# --- accounting -----------------------------------------------------------------------------
+
+
+def usage(states: Sequence[ChoiceState]) -> dict[str, Any]:
+    """OpenAI usage: each prompt counted once; cached tokens are this tenant's reuse."""
+    prompt_stats: dict[int, RequestStats] = {}
+    completion_tokens = 0
+    for state in states:
+        if state.finish is None:
+            continue
+        prompt_stats.setdefault(state.prompt_index, state.finish.stats)
+        completion_tokens += state.finish.stats.completion_tokens
+    prompt_tokens = sum(s.prompt_tokens for s in prompt_stats.values())
+    cached_tokens = sum(s.cached_tokens for s in prompt_stats.values())
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def record(ctx: RequestContext, states: Sequence[ChoiceState], cancelled: bool = False) -> None:
+    """Feed finished choices into the metrics and the request log."""
+    ttfts = []
+    for state in states:
+        if state.finish is not None:
+            ctx.metrics.observe_generation(
+                state.finish.stats, cancelled=state.finish.reason == "cancelled"
+            )
+            if state.finish.stats.completion_tokens:
+                ttfts.append(state.finish.stats.ttft_s)
+    if cancelled:
+        ctx.metrics.cancelled += 1
+    totals = usage(states)
+    ctx.usage.update(
+        prompt_tokens=totals["prompt_tokens"],
+        cached_tokens=totals["prompt_tokens_details"]["cached_tokens"],
+        completion_tokens=totals["completion_tokens"],
+        ttft_s=min(ttfts) if ttfts else None,
+    )
+    if ctx.config.log_prompts:
+        for state in states:
+            log.info(
+                "output %s[%d] tenant=%s: %r",
+                ctx.request_id,
+                state.index,
+                ctx.tenant.name,
+                state.text,
+            )
+
+
+def stream_error(exc: BaseException) -> ApiError:
+    return api_error_from(exc)

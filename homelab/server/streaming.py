@@ -1,0 +1,81 @@
+"""Server-sent events: framing, and a response that stops generating when the client leaves.
+
+:class:`EventStreamResponse` sends the events of an async iterator while watching for the
+client's disconnect; on disconnect it cancels the iteration, and the iterator's ``finally``
+(which cancels the engine requests) always runs, so a gone client frees its slot at once
+instead of at the next token. An error after the stream started is sent as an event
+carrying the error envelope, followed by ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from homelab.server.errors import ApiError
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_event(payload: Mapping[str, Any]) -> bytes:
+    return (
+        b"data: "
+        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
+
+
+def sse_error(error: ApiError) -> bytes:
+    return sse_event(error.envelope())
+
+
+class EventStreamResponse(Response):
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.status_code = 200
+        self.background = None
+        self.init_headers(SSE_HEADERS)  # no body: no Content-Length, the stream decides its end
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        failure: Exception | None = None
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._cancel_on_disconnect, receive, group.cancel_scope)
+                try:
+                    await self._send_events(send)
+                except Exception as exc:  # raised after the group, not wrapped in a group
+                    failure = exc
+                group.cancel_scope.cancel()
+        finally:
+            await self._close_events()
+        if failure is not None:
+            raise failure
+
+    async def _send_events(self, send: Send) -> None:
+        try:
+            async for chunk in self._events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away while we were sending
+            return
+
+    @staticmethod
+    async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+    async def _close_events(self) -> None:
+        aclose = getattr(self._events, "aclose", None)
+        if aclose is not None:
+            with anyio.CancelScope(shield=True):
+                await aclose()

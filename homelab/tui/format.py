@@ -1,0 +1,52 @@
+"""Small text helpers shared by the widgets (Textual-free)."""
+
+from __future__ import annotations
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+NOT_AVAILABLE = "N/A"
+HIDDEN = "–"  # shown instead of live numbers while they are frozen (snapshot mode)
+
+
+def human_bytes(size_bytes: int | None) -> str:
+    """1536 -> "1.5 KiB", 25769803776 -> "24.0 GiB"."""
+    if size_bytes is None:
+        return NOT_AVAILABLE
+    magnitude = abs(size_bytes)
+    if magnitude >= GIB:
+        return f"{size_bytes / GIB:.1f} GiB"
+    if magnitude >= MIB:
+        return f"{size_bytes / MIB:.1f} MiB"
+    if magnitude >= KIB:
+        return f"{size_bytes / KIB:.1f} KiB"
+    return f"{size_bytes} B"
+
+
+def human_tokens(tokens: int) -> str:
+    """4096 -> "4k", 131072 -> "128k", 1048576 -> "1M", 1500 -> "1500"."""
+    if tokens >= 1 << 20 and tokens % (1 << 20) == 0:
+        return f"{tokens >> 20}M"
+    if tokens >= 1024 and tokens % 1024 == 0:
+        return f"{tokens // 1024}k"
+    return str(tokens)
+
+
+def rate(value_tok_s: float | None) -> str:
+    if value_tok_s is None:
+        return NOT_AVAILABLE
+    return f"{value_tok_s:,.1f}" if value_tok_s < 100 else f"{value_tok_s:,.0f}"
+
+
+def seconds(value_s: float | None) -> str:
+    if value_s is None:
+        return NOT_AVAILABLE
+    return f"{value_s * 1000:.0f} ms" if value_s < 1 else f"{value_s:.2f} s"
+
+
+def shown(value: object, unit: str = "") -> str:
+    return NOT_AVAILABLE if value is None else f"{value}{unit}"
+
+
+def percent(part: int, whole: int) -> str:
+    return NOT_AVAILABLE if whole <= 0 else f"{100 * part / whole:.0f}%"

@@ -1,0 +1,193 @@
+"""A :class:`~homelab.planner.plan.Plan` turned into what the plan panel shows.
+
+Textual-free: markup strings, bar segments and a Rich table, so it is testable alone. After a
+load, each device also shows what llama.cpp really allocated next to the prediction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from homelab.tui.bars import LIGHT_SHADE, Segment
+from homelab.tui.format import human_bytes, human_tokens
+
+if TYPE_CHECKING:
+    from homelab.planner.memory import DeviceMemory
+    from homelab.planner.plan import CapacityRow, Plan
+
+# One colour per memory component, in stacking order (weights, KV, recurrent, compute, overhead).
+PART_STYLES = {
+    "weights": "#5f87d7",
+    "KV": "#af87ff",
+    "recurrent": "#d787af",
+    "compute": "#d7af5f",
+    "overhead": "#808080",
+}
+FREE_STYLE = "#4e4e4e"
+OVER_STYLE = "bold red"
+# llama.cpp's buffer names that live in host memory
+HOST_BUFFERS = ("CPU", "CPU_Mapped", "CPU_REPACK", "CUDA_Host")
+
+
+@dataclass(frozen=True)
+class DeviceView:
+    title: str
+    segments: list[Segment]
+    legend: str
+
+
+@dataclass(frozen=True)
+class PlanView:
+    verdict: str
+    settings_line: str
+    devices: list[DeviceView] = field(default_factory=list)
+    capacity: Table | str = ""
+    reasons: str = ""
+
+
+def plan_view(plan: Plan, load_report: Any = None) -> PlanView:
+    """What the panel shows for ``plan``; ``load_report`` (after a load) adds actual sizes."""
+    actual = actual_by_device(load_report) if load_report is not None else None
+    return PlanView(
+        verdict=verdict(plan),
+        settings_line=settings_line(plan),
+        devices=[device_view(d, actual) for d in reversed(plan.memory.devices)],  # GPUs first
+        capacity=capacity_table(plan),
+        reasons="\n".join(f"• {escape(reason)}" for reason in plan.reasons),
+    )
+
+
+def verdict(plan: Plan) -> str:
+    where = ", ".join(escape(d.label) for d in plan.hardware.gpus) or "the CPU"
+    speed = plan.predicted
+    predicted = (
+        f"[dim]predicted {speed.decode_tok_s:,.0f} tok/s decode, "
+        f"{speed.prefill_tok_s:,.0f} prefill ({speed.basis})[/]"
+    )
+    if plan.fits:
+        return f"[b $success]✔ fits[/] on {where} · {predicted}"
+    tight = plan.memory.tightest
+    short = human_bytes(tight.total_bytes - tight.budget_bytes)
+    return (
+        f"[b $error]✘ does not fit[/]: {tight.name} is {short} over its budget. "
+        "Lower the context, quantize the KV cache, or pick a smaller quant."
+    )
+
+
+def settings_line(plan: Plan) -> str:
+    s = plan.settings
+    full = plan.full_offload_layers
+    if plan.hardware.has_gpu:
+        offload = f"GPU layers {min(s.n_gpu_layers, full)}/{full}"
+        offload += f" · experts on CPU: {s.n_cpu_moe} blocks" if s.n_cpu_moe else ""
+    else:
+        offload = "CPU only"
+    slots = "slot" if s.n_parallel == 1 else "slots"
+    return (
+        f"[b]{s.quant}[/b] · KV [b]{s.type_k}/{s.type_v}[/b] · "
+        f"context [b]{s.n_ctx_per_slot:,}[/b] × {s.n_parallel} {slots} · "
+        f"{offload} · flash attn {'on' if s.flash_attn else 'off'}"
+    )
+
+
+def device_segments(device: DeviceMemory) -> list[Segment]:
+    parts = {
+        "weights": device.weights_bytes,
+        "KV": device.kv_bytes,
+        "recurrent": device.recurrent_bytes,
+        "compute": device.compute_bytes,
+        "overhead": device.overhead_bytes,
+    }
+    segments = [Segment(name, value, PART_STYLES[name]) for name, value in parts.items()]
+    if device.fits:
+        segments.append(Segment("free", device.headroom_bytes, FREE_STYLE, LIGHT_SHADE))
+    else:
+        segments.append(Segment("over", 0, OVER_STYLE))
+    return segments
+
+
+def device_view(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | None) -> DeviceView:
+    used = 100 * device.total_bytes / max(device.budget_bytes, 1)
+    over = "" if device.fits else " [b red]over budget[/]"
+    usage = f"{human_bytes(device.total_bytes)} of {human_bytes(device.budget_bytes)}"
+    title = f"[b]{escape(device.name)}[/b] {escape(device.label)} · {usage} ({used:.0f}%){over}"
+    return DeviceView(title, device_segments(device), legend(device, actual))
+
+
+def legend(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | None) -> str:
+    values = {
+        "weights": device.weights_bytes,
+        "KV": device.kv_bytes,
+        "recurrent": device.recurrent_bytes,
+        "compute": device.compute_bytes,
+        "overhead": device.overhead_bytes,
+    }
+    shown = [
+        f"[{PART_STYLES[name]}]■[/] {name} {human_bytes(value)}"
+        for name, value in values.items()
+        if value or name in ("weights", "KV")
+    ]
+    if device.fits:
+        shown.append(f"[{FREE_STYLE}]░[/] free {human_bytes(device.headroom_bytes)}")
+    text = "  ".join(shown)
+    measured = (actual or {}).get(device.name)
+    if measured:
+        text += "\n" + actual_line(values, measured)
+    return text
+
+
+def actual_line(predicted: Mapping[str, int], measured: Mapping[str, int]) -> str:
+    """'after load: weights 16.5 MiB (predicted 16.5 MiB) · KV …' for the kinds llama.cpp logged."""
+    pieces = []
+    for name in ("weights", "KV", "recurrent", "compute"):
+        if name in measured:
+            pieces.append(
+                f"{name} {human_bytes(measured[name])} "
+                f"[dim](predicted {human_bytes(predicted.get(name, 0))})[/]"
+            )
+    return "[b]after load:[/b] " + " · ".join(pieces)
+
+
+def actual_by_device(load_report: Any) -> dict[str, dict[str, int]]:
+    """llama.cpp's logged buffers (engine LoadReport.buffers) summed per device and kind."""
+    buffers = load_report.buffers
+    kinds = {
+        "weights": buffers.model,
+        "KV": buffers.kv,
+        "recurrent": buffers.recurrent,
+        "compute": buffers.compute,
+    }
+    result: dict[str, dict[str, int]] = {}
+    for kind, by_buffer in kinds.items():
+        for buffer_name, size_bytes in by_buffer.items():
+            device = "CPU" if buffer_name in HOST_BUFFERS else buffer_name
+            per_device = result.setdefault(device, {})
+            per_device[kind] = per_device.get(kind, 0) + int(size_bytes)
+    return result
+
+
+def capacity_table(plan: Plan) -> Table:
+    """Context reachable per slot with each KV type (the chosen one marked)."""
+    table = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, header_style="bold")
+    table.add_column("KV K/V")
+    table.add_column("max context", justify="right")
+    table.add_column("memory allows", justify="right")
+    table.add_column("", overflow="fold")
+    for row in plan.capacity:
+        table.add_row(*capacity_cells(row), style="bold" if row.chosen else "")
+    return table
+
+
+def capacity_cells(row: CapacityRow) -> tuple[str, str, str, str]:
+    pair = f"{row.type_k}/{row.type_v}"
+    if row.max_ctx_memory == 0 and row.note:
+        return pair, "—", "—", escape(row.note)
+    note = "← chosen" if row.chosen else ""
+    if row.note:
+        note = f"{note} ({escape(row.note)})" if note else escape(row.note)
+    return pair, f"{row.max_ctx:,}", human_tokens(row.max_ctx_memory), note

@@ -1,0 +1,367 @@
+"""The dashboard's doorway to the headless core (Textual-free, so it is testable alone).
+
+Everything the UI does to a model — choose it, plan it, load it, serve it — goes through
+these functions, which call ``homelab.gguf``, ``homelab.planner``, ``homelab.engine``,
+``homelab.server`` and ``homelab.hub`` and return their own objects (a ``Plan``, an
+``Engine``...). They block, so the app calls them from thread workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from homelab.errors import HomelabError
+from homelab.tui.format import human_tokens
+from homelab.tui.knobs import Knobs
+
+if TYPE_CHECKING:
+    from homelab.hardware.report import HardwareReport
+    from homelab.hub.library import LocalModel
+    from homelab.planner.plan import Plan
+    from homelab.planner.search import PlanRequest
+
+ModelKind = Literal["local", "catalogue", "hub", "demo"]
+DEMO_REF = "demo"
+DEMO_LABEL = "demo model, random weights"
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """A model the user can pick: a file on disk, a catalogue entry, or a generated demo."""
+
+    ref: str  # what the planner is given: a GGUF path or a catalogue slug
+    label: str  # what the UI shows
+    kind: ModelKind
+    path: Path | None  # None: not on this machine (a catalogue entry to pull first)
+    size_bytes: int | None = None
+    detail: str = ""  # e.g. "Hugging Face cache", "catalogue · Q4_K_M"
+
+    @property
+    def is_demo(self) -> bool:
+        return self.kind == "demo"
+
+    @property
+    def runnable(self) -> bool:
+        return self.path is not None
+
+    @property
+    def title(self) -> str:
+        """The name with the plain warning a demo model needs."""
+        return f"{self.label} — {DEMO_LABEL}" if self.is_demo else self.label
+
+
+@dataclass(frozen=True)
+class FitBadge:
+    """How a model fits this machine, in a few words, computed by the planner."""
+
+    label: str  # e.g. "fits · f16 KV · 32k tokens"
+    level: Literal["good", "ok", "offload", "no", "unknown"]
+
+
+# --- choosing a model ----------------------------------------------------------------------
+
+
+def demo_choice(size: str = "tiny", arch: str = "llama") -> ModelChoice:
+    from homelab.gguf.demo import demo_model_path
+
+    path = demo_model_path(arch, size)
+    return ModelChoice(
+        ref=str(path),
+        label=f"{arch} {size} demo",
+        kind="demo",
+        path=path,
+        size_bytes=path.stat().st_size,
+        detail="generated locally",
+    )
+
+
+def local_choice(path: Path, detail: str = "local file") -> ModelChoice:
+    if not path.is_file():
+        raise HomelabError(f"{path}: no such model file.", hint="Give the path of a .gguf file.")
+    return ModelChoice(
+        ref=str(path),
+        label=path.name,
+        kind="demo" if path.name.startswith("homelab-demo-") else "local",
+        path=path,
+        size_bytes=path.stat().st_size,
+        detail=detail,
+    )
+
+
+def catalogue_choice(slug: str) -> ModelChoice:
+    from homelab.gguf.catalogue import find_model
+
+    entry = find_model(slug)
+    best = entry.quants[0] if entry.quants else None
+    return ModelChoice(
+        ref=entry.slug,
+        label=entry.display_name,
+        kind="catalogue",
+        path=None,
+        size_bytes=best.size_bytes if best else None,
+        detail=f"catalogue · {entry.hf_repo}",
+    )
+
+
+def choose_model(requested: str | None) -> ModelChoice:
+    """``requested`` as given on the command line; None: first local model, else the demo.
+
+    A name is tried as a demo keyword, a file, a local model (file name or ``REPO:QUANT`` in
+    the Hugging Face cache), a catalogue entry and finally a hub repo (planned remotely,
+    pulled before it runs).
+    """
+    if requested is None:
+        local = [choice for choice in local_choices() if choice.runnable]
+        return local[0] if local else demo_choice()
+    if requested.lower() in (DEMO_REF, "demo:tiny", "demo-tiny"):
+        return demo_choice()
+    if requested.lower() in ("demo:bench", "demo-bench"):
+        return demo_choice("bench")
+    path = Path(requested).expanduser()
+    if path.suffix.lower() == ".gguf" or path.exists():
+        return local_choice(path)
+    local = _find_local(requested)
+    if local is not None:
+        return local
+    try:
+        return catalogue_choice(requested)
+    except HomelabError:
+        if not _looks_like_repo(requested):
+            raise
+    return hub_choice(requested)
+
+
+def hub_choice(ref: str) -> ModelChoice:
+    return ModelChoice(ref=ref, label=ref, kind="hub", path=None, detail="Hugging Face hub")
+
+
+def _looks_like_repo(name: str) -> bool:
+    from homelab.hub.resolve import looks_like_repo
+
+    return looks_like_repo(name)
+
+
+def _find_local(name: str) -> ModelChoice | None:
+    from homelab.hub.library import find_local
+
+    found = find_local(name)
+    return None if found is None else _from_library(found)
+
+
+def local_choices() -> list[ModelChoice]:
+    """GGUF files in the library folders and the Hugging Face cache, readable ones first."""
+    from homelab.hub.library import list_local_models
+
+    models = list_local_models()
+    return [_from_library(model) for model in sorted(models, key=lambda m: m.info is None)]
+
+
+def _from_library(model: LocalModel) -> ModelChoice:
+    problem = f" · unreadable: {model.problem}" if model.info is None else ""
+    return ModelChoice(
+        ref=str(model.path),
+        label=model.name if model.repo_id is None else f"{model.repo_id}:{model.quant}",
+        kind="demo" if model.path.name.startswith("homelab-demo-") else "local",
+        path=model.path if model.info is not None else None,
+        size_bytes=model.size_bytes,
+        detail=f"{model.origin}{problem}",
+    )
+
+
+def catalogue_choices() -> list[ModelChoice]:
+    from homelab.gguf.catalogue import load_catalogue
+
+    return [catalogue_choice(slug) for slug in load_catalogue()]
+
+
+def picker_choices() -> list[ModelChoice]:
+    """Everything the picker lists: local files, then catalogue entries, then the demo."""
+    choices = local_choices()
+    with contextlib.suppress(HomelabError):  # a broken catalogue must not hide local models
+        choices += catalogue_choices()
+    if not any(choice.is_demo for choice in choices):
+        choices.append(demo_choice())
+    return choices
+
+
+def model_line(choice: ModelChoice) -> str:
+    """The plan panel's first line (markup)."""
+    from rich.markup import escape
+
+    size = "" if choice.size_bytes is None else f" · {choice.size_bytes / (1 << 30):.2f} GiB"
+    demo = " [b $warning]demo model, random weights[/]" if choice.is_demo else ""
+    where = "" if choice.runnable else " [dim](not downloaded)[/]"
+    return f"[b]{escape(choice.label)}[/b]{demo}{where}[dim]{size} · {escape(choice.detail)}[/]"
+
+
+def quant_options(plan: Plan) -> tuple[str, ...]:
+    """Quants the user can switch between: the variants the planner considered (a catalogue
+    entry's files, or sibling files next to a local one), best first."""
+    return tuple(plan.quants_considered)
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+def plan_request(knobs: Knobs) -> PlanRequest:
+    from homelab.planner.search import PlanRequest
+
+    kv = None if knobs.kv_type is None else (knobs.kv_type, knobs.kv_type)
+    return PlanRequest(
+        ctx=knobs.n_ctx_per_slot, parallel=knobs.n_parallel, kv=kv, quant=knobs.quant
+    )
+
+
+def plan_choice(
+    choice: ModelChoice, report: HardwareReport, knobs: Knobs, *, verify: bool = False
+) -> Plan:
+    """Plan ``choice`` for the machine in ``report`` with the user's knobs.
+
+    Without ``verify`` this is pure arithmetic (milliseconds: knobs re-plan instantly); with
+    it, a plan for a local file is confirmed by a llama.cpp dry run (a second or so).
+    """
+    from homelab.planner.budget import hardware_from_report
+    from homelab.planner.plan import plan_model
+
+    model = str(choice.path) if choice.path is not None else choice.ref
+    return plan_model(model, hardware_from_report(report), plan_request(knobs), verify=verify)
+
+
+def fit_badge(choice: ModelChoice, report: HardwareReport) -> FitBadge:
+    """How ``choice`` fits this machine with the planner's own choices."""
+    try:
+        plan = plan_choice(choice, report, Knobs())
+    except HomelabError as error:
+        return FitBadge(f"cannot plan: {error.message}", "unknown")
+    return badge_for(plan)
+
+
+def badge_for(plan: Plan) -> FitBadge:
+    if not plan.fits:
+        return FitBadge("does not fit", "no")
+    s = plan.settings
+    tokens = human_tokens(s.n_ctx_per_slot)
+    if plan.hardware.has_gpu and (s.n_gpu_layers < plan.full_offload_layers or s.n_cpu_moe):
+        return FitBadge(f"needs offload · {tokens} tokens", "offload")
+    f16 = next((row for row in plan.capacity if row.type_k == row.type_v == "f16"), None)
+    where = "" if plan.hardware.has_gpu else " on CPU"
+    if s.type_k == "f16" and f16 is not None and f16.max_ctx > 0:
+        return FitBadge(f"fits{where} with f16 KV at {human_tokens(f16.max_ctx)} tokens", "good")
+    return FitBadge(f"fits{where} with {s.type_k} KV at {tokens} tokens", "ok")
+
+
+# --- running ---------------------------------------------------------------------------------
+
+CHAT_MAX_TOKENS = 256
+
+
+def load_engine(choice: ModelChoice, plan: Any) -> Any:
+    """Load ``choice`` with the plan's settings (blocking: seconds for a big model)."""
+    from homelab.engine.engine import Engine
+
+    if choice.path is None:
+        raise HomelabError(
+            f"{choice.label} is not on this machine.",
+            hint=f"Download it: homelab pull {choice.ref}",
+        )
+    # the planner may have picked a sibling quant file of the one chosen
+    path = Path(plan.model_source) if Path(plan.model_source).is_file() else choice.path
+    return Engine.load(path, plan.settings, predicted=_predicted(plan))
+
+
+def _predicted(plan: Any) -> dict[str, Any] | None:
+    document = plan.to_dict() if hasattr(plan, "to_dict") else {}
+    predicted = document.get("predicted") or document.get("memory")
+    return predicted if isinstance(predicted, dict) else None
+
+
+def load_report(engine: Any) -> Any:
+    return getattr(engine, "load_report", None)
+
+
+def loaded_line(choice: ModelChoice | None, report: Any, load_s: str) -> str:
+    """The live panel's state line once a model is loaded (markup)."""
+    from rich.markup import escape
+
+    name = escape(choice.label) if choice else "model"
+    demo = " [b $warning](demo model, random weights)[/]" if choice and choice.is_demo else ""
+    summary = report.summary() if report is not None else "loaded"
+    slots = f" · {report.n_slots} slots × {report.n_ctx_per_slot:,} tokens" if report else ""
+    return f"[b $success]●[/] {name}{demo} — {escape(summary)} in {load_s}{slots}"
+
+
+def submit_chat(engine: Any, history: list[dict[str, str]], tenant: str) -> Any:
+    """Render the conversation with the model's chat template and submit it.
+
+    A model without a usable template gets the last prompt as plain text. When the whole
+    conversation no longer fits a slot, only the last turn is sent.
+    """
+    from homelab.engine.api import GenerationRequest, SamplingParams
+    from homelab.errors import ContextLengthError
+
+    sampling = SamplingParams(max_tokens=min(CHAT_MAX_TOKENS, engine.n_ctx_per_slot // 2))
+
+    def request(turns: list[dict[str, str]]) -> Any:
+        prompt = _chat_prompt(engine, turns)
+        return engine.submit(GenerationRequest(tenant=tenant, prompt=prompt, sampling=sampling))
+
+    try:
+        return request(history)
+    except ContextLengthError:
+        if len(history) <= 1:
+            raise
+        return request(history[-1:])
+
+
+def _chat_prompt(engine: Any, turns: list[dict[str, str]]) -> str:
+    if engine.chat_template is None:
+        return turns[-1]["content"]
+    return str(engine.render_chat(turns))
+
+
+# --- serving ---------------------------------------------------------------------------------
+
+
+def start_server(engine: Any, host: str, port: int, *, on_request: Callable[[Any], None]) -> Any:
+    """Serve ``engine`` on ``host:port`` in a background thread; ``on_request`` gets each
+    finished request's record (status, tenant, tokens — never prompt text).
+
+    API keys are on when the keys file exists (``homelab serve --new-key`` creates it).
+    """
+    from homelab.server.auth import default_keys_path, load_keys
+    from homelab.server.config import ServerConfig
+    from homelab.server.runner import start_server as run_server
+
+    keys_path = default_keys_path()
+    keys = load_keys(keys_path) if keys_path.exists() else None
+    model_id = Path(str(engine.model_info.source)).stem
+    config = ServerConfig(model_id=model_id, keys=keys)
+    handle = run_server(engine, host, port, config)
+    handle.subscribe(on_request)
+    return RunningServer(handle, keys_on=keys is not None)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    handle: Any  # homelab.server.runner.ServerHandle
+    keys_on: bool
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL (what a client's base_url is set to)."""
+        return str(self.handle.base_url)
+
+    def stop(self) -> None:
+        self.handle.stop()
+
+
+def server_url(server: RunningServer) -> str:
+    return server.url
+
+
+def keys_on(server: RunningServer) -> bool:
+    return server.keys_on

@@ -1,0 +1,117 @@
+"""The Chat panel: a transcript, a prompt box, the streamed answer with its tok/s."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Input, Static
+
+from homelab.tui.format import HIDDEN, rate, seconds
+
+
+class ChatMessage(Static):
+    """One turn; the assistant's grows while it streams."""
+
+    DEFAULT_CSS = """
+    ChatMessage { height: auto; margin: 0 0 1 0; padding: 0 1; }
+    ChatMessage.user { color: $text; background: $boost; border-left: thick $accent; }
+    ChatMessage.assistant { border-left: thick $success; }
+    ChatMessage.assistant.-streaming { border-left: thick $warning; }
+    ChatMessage.note { color: $text-muted; border-left: thick $panel; }
+    """
+
+    def __init__(self, role: str, text: str = "") -> None:
+        super().__init__(Text(text), classes=role, markup=False)
+        self.role = role
+        self.text = text
+
+    def append(self, text: str) -> None:
+        self.text += text
+        self.update(Text(self.text))
+
+
+class ChatPanel(Vertical):
+    """Posts :class:`ChatPanel.PromptSubmitted`; the app streams the answer back into it."""
+
+    DEFAULT_CSS = """
+    ChatPanel #transcript { height: 1fr; }
+    ChatPanel #prompt { dock: bottom; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel / leave")]
+
+    class PromptSubmitted(Message):
+        def __init__(self, prompt: str) -> None:
+            super().__init__()
+            self.prompt = prompt
+
+    class CancelRequested(Message):
+        pass
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.border_title = "Chat"
+        self.history: list[dict[str, str]] = []  # role/content turns handed to the chat template
+        self.streaming: ChatMessage | None = None
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="transcript"):
+            yield ChatMessage("note", "Type a prompt and press Enter. Esc cancels an answer.")
+        yield Input(placeholder="Ask the model…  (Enter sends, Esc cancels)", id="prompt")
+
+    @on(Input.Submitted, "#prompt")
+    def _submitted(self, event: Input.Submitted) -> None:
+        prompt = event.value.strip()
+        if prompt:
+            event.input.clear()
+            self.post_message(self.PromptSubmitted(prompt))
+
+    def action_cancel(self) -> None:
+        if self.streaming is not None:
+            self.post_message(self.CancelRequested())
+        else:
+            self.screen.set_focus(None)
+
+    async def begin_answer(self, prompt: str) -> None:
+        self.history.append({"role": "user", "content": prompt})
+        self.streaming = ChatMessage("assistant")
+        self.streaming.add_class("-streaming")
+        transcript = self.query_one("#transcript", VerticalScroll)
+        await transcript.mount_all([ChatMessage("user", prompt), self.streaming])
+        transcript.scroll_end(animate=False)
+
+    def stream(self, text: str) -> None:
+        if self.streaming is not None and text:
+            self.streaming.append(text)
+            self.query_one("#transcript", VerticalScroll).scroll_end(animate=False)
+
+    def finish_answer(self, reason: str, stats: object, *, frozen: bool) -> None:
+        message, self.streaming = self.streaming, None
+        if message is None:
+            return
+        message.remove_class("-streaming")
+        message.border_subtitle = None
+        self.history.append({"role": "assistant", "content": message.text})
+        message.tooltip = None
+        footer = answer_footer(reason, stats, frozen=frozen)
+        message.append(f"\n— {footer}")
+
+    async def add_note(self, text: str) -> None:
+        transcript = self.query_one("#transcript", VerticalScroll)
+        await transcript.mount(ChatMessage("note", text))
+        transcript.scroll_end(animate=False)
+
+
+def answer_footer(reason: str, stats: object, *, frozen: bool) -> str:
+    tokens = getattr(stats, "completion_tokens", 0)
+    decode = HIDDEN if frozen else rate(getattr(stats, "decode_tok_s", None))
+    ttft = HIDDEN if frozen else seconds(getattr(stats, "ttft_s", None))
+    ending = {"stop": "done", "length": "hit max tokens", "cancelled": "cancelled"}.get(
+        reason, reason
+    )
+    return f"{ending} · {tokens} tokens · {decode} tok/s · TTFT {ttft}"

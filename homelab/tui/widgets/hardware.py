@@ -1,0 +1,154 @@
+"""The Hardware panel: each GPU's VRAM (ours / other processes / free) and sensors; CPU, RAM."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from homelab.hardware.gpu import GpuInfo, GpuSnapshot
+from homelab.hardware.report import HardwareReport
+from homelab.tui.format import HIDDEN, human_bytes, shown
+from homelab.tui.hardware_source import LiveHardware, vram_share
+from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
+
+OURS_STYLE = "bold #5fafff"
+OTHER_STYLE = "#d7875f"
+FREE_STYLE = "#4e4e4e"
+RAM_USED_STYLE = "#87af87"
+
+
+def vram_segments(snapshot: GpuSnapshot) -> list[Segment]:
+    share = vram_share(snapshot)
+    return [
+        Segment("ours", share.ours_bytes, OURS_STYLE),
+        Segment("other", share.other_bytes, OTHER_STYLE),
+        Segment("free", share.free_bytes, FREE_STYLE, LIGHT_SHADE),
+    ]
+
+
+def vram_legend(snapshot: GpuSnapshot) -> str:
+    share = vram_share(snapshot)
+    ours = human_bytes(share.ours_bytes) if share.ours_known else "0 B"
+    return (
+        f"[{OURS_STYLE}]■[/] ours {ours}  "
+        f"[{OTHER_STYLE}]■[/] other processes {human_bytes(share.other_bytes)}  "
+        f"[dim]░[/] free {human_bytes(share.free_bytes)}"
+    )
+
+
+def sensors_line(snapshot: GpuSnapshot, *, frozen: bool) -> str:
+    if frozen:
+        return f"[dim]{HIDDEN} °C · {HIDDEN} W · util {HIDDEN}[/]"
+    power = "N/A" if snapshot.power_draw_w is None else f"{snapshot.power_draw_w:.0f}"
+    limit = "" if snapshot.power_limit_w is None else f"/{snapshot.power_limit_w:.0f}"
+    return (
+        f"{shown(snapshot.temperature_c, ' °C')} · {power}{limit} W · "
+        f"util {shown(snapshot.utilization_gpu_percent, '%')}"
+    )
+
+
+class GpuView(Vertical):
+    """One GPU: name and sensors, the VRAM bar, its legend."""
+
+    DEFAULT_CSS = """
+    GpuView { height: auto; }
+    GpuView .gpu-title { height: 1; }
+    GpuView .legend { height: 1; color: $text-muted; }
+    """
+
+    def __init__(self, gpu: GpuInfo) -> None:
+        super().__init__(id=f"gpu-{gpu.index}")
+        self.gpu = gpu
+
+    def compose(self) -> ComposeResult:
+        yield Static(classes="gpu-title")
+        yield StackedBar(classes="vram-bar")
+        yield Static(classes="legend")
+
+    def show(self, snapshot: GpuSnapshot, *, frozen: bool) -> None:
+        total = human_bytes(snapshot.memory_total_bytes)
+        unified = " (unified with RAM)" if snapshot.unified_memory else ""
+        self.query_one(".gpu-title", Static).update(
+            f"[b]GPU {self.gpu.index}[/b] {escape(self.gpu.name)} · {total}{unified}  "
+            f"[dim]{sensors_line(snapshot, frozen=frozen)}[/]"
+        )
+        self.query_one(StackedBar).update(vram_segments(snapshot))
+        self.query_one(".legend", Static).update(vram_legend(snapshot))
+
+
+class HardwarePanel(Vertical):
+    """Fed by the app: :meth:`show_report` once, :meth:`show_live` about once a second."""
+
+    DEFAULT_CSS = """
+    HardwarePanel #gpus, HardwarePanel #no-gpu { height: auto; }
+    HardwarePanel #host, HardwarePanel #ram-line { height: 1; }
+    HardwarePanel #hw-warnings { height: auto; color: $warning; }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.border_title = "Hardware"
+        self.report: HardwareReport | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Vertical(id="gpus")
+        yield Static("detecting hardware…", id="no-gpu")
+        yield Static(id="host")
+        yield Static(id="ram-line")
+        yield StackedBar(id="ram-bar")
+        yield Static(id="hw-warnings")
+
+    async def show_report(self, report: HardwareReport) -> None:
+        self.report = report
+        gpus = self.query_one("#gpus", Vertical)
+        await gpus.remove_children()
+        await gpus.mount_all([GpuView(gpu) for gpu in report.gpus])
+        self.query_one("#no-gpu", Static).update(no_gpu_text(report))
+        self.query_one("#no-gpu").display = not report.gpus
+        self.query_one("#host", Static).update(host_text(report))
+        self.query_one("#hw-warnings", Static).update(warnings_text(report))
+        self.border_subtitle = build_text(report)
+
+    def show_live(self, live: LiveHardware, *, frozen: bool) -> None:
+        for snapshot in live.gpus:
+            for view in self.query(GpuView):
+                if view.gpu.index == snapshot.index:
+                    view.show(snapshot, frozen=frozen)
+        used = max(live.ram_total_bytes - live.ram_available_bytes, 0)
+        cpu = HIDDEN if frozen or live.cpu_percent is None else f"{live.cpu_percent:.0f}%"
+        self.query_one("#ram-line", Static).update(
+            f"[b]RAM[/b] {human_bytes(used)} used of {human_bytes(live.ram_total_bytes)} · "
+            f"{human_bytes(live.ram_available_bytes)} available  [dim]CPU load {cpu}[/]"
+        )
+        self.query_one("#ram-bar", StackedBar).update(
+            [
+                Segment("used", used, RAM_USED_STYLE),
+                Segment("available", live.ram_available_bytes, FREE_STYLE, LIGHT_SHADE),
+            ]
+        )
+
+
+def no_gpu_text(report: HardwareReport) -> str:
+    reason = report.reason or "no GPU was found."
+    return f"[b $warning]No GPU — running on the CPU only.[/]\n[dim]{escape(reason)}[/]"
+
+
+def host_text(report: HardwareReport) -> str:
+    cpu = report.cpu
+    cores = f"{shown(cpu.physical_cores)} cores / {shown(cpu.logical_cores)} threads"
+    features = "AVX-512" if cpu.has_avx512 else ("AVX2" if cpu.has_avx2 else "no AVX2")
+    return f"[b]CPU[/b] {escape(cpu.model)} · {cores} · {features}"
+
+
+def build_text(report: HardwareReport) -> str:
+    build = report.build
+    if build.error is not None:
+        return "llama.cpp not loadable"
+    backends = ", ".join(build.backends) or "?"
+    return f"llama.cpp {shown(build.version)} · {backends}"
+
+
+def warnings_text(report: HardwareReport) -> str:
+    return "\n".join(f"⚠ {escape(warning)}" for warning in report.warnings)

@@ -1,0 +1,102 @@
+"""The Live run panel: decode/prefill tok/s with sparklines, TTFT, slots, queue, KV cells."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from homelab.engine.api import EngineMetrics
+from homelab.tui.format import HIDDEN, rate, seconds
+from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
+
+HISTORY_POINTS = 60
+KV_USED_STYLE = "#af87ff"
+KV_FREE_STYLE = "#4e4e4e"
+
+
+class RateView(Horizontal):
+    """A label, a big number and a sparkline of its recent history."""
+
+    DEFAULT_CSS = """
+    RateView { height: 1; }
+    RateView .rate-label { width: 9; color: $text-muted; }
+    RateView .rate-value { width: 16; text-style: bold; }
+    RateView Sparkline { width: 1fr; height: 1; }
+    """
+
+    def __init__(self, label: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.label = label
+        self.history: deque[float] = deque(maxlen=HISTORY_POINTS)
+
+    def compose(self) -> ComposeResult:
+        yield Static(self.label, classes="rate-label")
+        yield Static("–", classes="rate-value")
+        yield Sparkline([], summary_function=max)
+
+    def push(self, value_tok_s: float, *, frozen: bool) -> None:
+        self.history.append(value_tok_s)
+        value = HIDDEN if frozen else rate(value_tok_s)
+        self.query_one(".rate-value", Static).update(f"{value} tok/s")
+        self.query_one(Sparkline).data = [] if frozen else list(self.history)
+
+
+class LivePanel(Vertical):
+    """Fed with :class:`EngineMetrics` at the engine's steady rate (coalesced by the app)."""
+
+    DEFAULT_CSS = """
+    LivePanel #live-state { height: auto; color: $text-muted; }
+    LivePanel #live-counts, LivePanel #live-kv { height: 1; }
+    LivePanel #kv-bar { height: 1; }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.border_title = "Live run"
+        self.latest: EngineMetrics | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("No model loaded — press [b]l[/b] to load it.", id="live-state")
+        yield RateView("decode", id="decode-rate")
+        yield RateView("prefill", id="prefill-rate")
+        yield Static(id="live-counts")
+        yield Static(id="live-kv")
+        yield StackedBar(id="kv-bar")
+
+    def show_state(self, text: str) -> None:
+        self.query_one("#live-state", Static).update(text)
+
+    def show_metrics(self, metrics: EngineMetrics, *, frozen: bool) -> None:
+        self.latest = metrics
+        self.query_one("#decode-rate", RateView).push(metrics.decode_tok_s, frozen=frozen)
+        self.query_one("#prefill-rate", RateView).push(metrics.prefill_tok_s, frozen=frozen)
+        self.query_one("#live-counts", Static).update(counts_text(metrics, frozen=frozen))
+        self.query_one("#live-kv", Static).update(
+            f"[b]KV cells[/b] {metrics.kv_cells_used:,} of {metrics.kv_cells_total:,} used"
+        )
+        self.query_one("#kv-bar", StackedBar).update(
+            [
+                Segment("used", metrics.kv_cells_used, KV_USED_STYLE),
+                Segment(
+                    "free",
+                    max(metrics.kv_cells_total - metrics.kv_cells_used, 0),
+                    KV_FREE_STYLE,
+                    LIGHT_SHADE,
+                ),
+            ]
+        )
+
+
+def counts_text(metrics: EngineMetrics, *, frozen: bool) -> str:
+    ttft = HIDDEN if frozen else seconds(metrics.last_ttft_s)
+    finished = ", ".join(
+        f"{key} {value}" for key, value in sorted(metrics.requests_by_status.items())
+    )
+    return (
+        f"[b]TTFT[/b] {ttft} · [b]slots[/b] {metrics.active_slots}/{metrics.n_slots} active · "
+        f"[b]queue[/b] {metrics.queue_depth} · [b]requests[/b] {metrics.requests_total}"
+        + (f" [dim]({finished})[/]" if finished else "")
+    )

@@ -1,0 +1,142 @@
+"""Quality measurement on real llama.cpp runs of the tiny demo model (a few 256-token chunks)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from homelab.bench.quality import (
+    QualityConfig,
+    QualityResult,
+    chunks,
+    kl_divergence,
+    log_softmax,
+    measure_quality,
+    read_text,
+)
+from homelab.bench.store import load_last_quality, quality_file, save_quality
+from homelab.bench.weights import most_precise, sibling_files
+from homelab.errors import BenchError
+
+CTX = 256
+CHUNKS = 2
+
+
+def config(path: Path, kv: str, label: str | None = None) -> QualityConfig:
+    return QualityConfig(label or f"K/V {kv}", str(path), "F16", kv, kv, True)
+
+
+@pytest.fixture(scope="module")
+def tiny(demo_model: Callable[..., Path]) -> Path:
+    return demo_model("llama", "tiny", "F16")
+
+
+@pytest.fixture(scope="module")
+def kv_result(tiny: Path) -> QualityResult:
+    text, source = read_text(None)
+    candidates = [config(tiny, "f16", "self"), config(tiny, "q8_0"), config(tiny, "q4_0")]
+    return measure_quality(
+        config(tiny, "f16", "reference"),
+        candidates,
+        text,
+        model_name="tiny demo",
+        text_source=source,
+        plan_key=candidates[1].key,
+        n_ctx=CTX,
+        max_chunks=CHUNKS,
+    )
+
+
+def test_a_configuration_against_itself_has_no_divergence(kv_result: QualityResult) -> None:
+    itself = kv_result.rows[0]
+    assert itself.kld_mean == pytest.approx(0.0, abs=1e-7)
+    assert itself.kld_max == pytest.approx(0.0, abs=1e-6)
+    assert itself.top1_agreement == 1.0
+    assert itself.perplexity == pytest.approx(kv_result.reference_perplexity, rel=1e-6)
+
+
+def test_q4_0_cache_diverges_more_than_q8_0(kv_result: QualityResult) -> None:
+    _, q8, q4 = kv_result.rows
+    assert 0.0 < q8.kld_mean < q4.kld_mean
+    assert q8.kld_p99 < q4.kld_p99
+    assert q8.top1_agreement >= q4.top1_agreement
+    assert q4.top1_agreement < 1.0
+
+
+def test_counts_scored_positions_of_the_second_half_of_each_chunk(
+    kv_result: QualityResult,
+) -> None:
+    assert kv_result.n_chunks == CHUNKS
+    assert kv_result.n_scored_tokens == CHUNKS * (CTX // 2 - 1)
+    assert kv_result.n_text_tokens > CHUNKS * CTX
+    assert kv_result.plan_row is kv_result.rows[1]
+    assert math.isfinite(kv_result.reference_perplexity)
+
+
+def test_saved_result_reads_back_for_the_dashboard(kv_result: QualityResult) -> None:
+    path = save_quality(kv_result)
+    assert path == quality_file("tiny demo")
+    loaded = load_last_quality("tiny demo")
+    assert loaded is not None
+    assert loaded.to_dict() == kv_result.to_dict()
+    assert "KLD" in loaded.summary() and "top-1" in loaded.summary()
+
+
+def test_damaged_saved_result_is_ignored(kv_result: QualityResult) -> None:
+    quality_file("damaged").parent.mkdir(parents=True, exist_ok=True)
+    quality_file("damaged").write_text("{not json", encoding="utf-8")
+    assert load_last_quality("damaged") is None
+    assert load_last_quality("never measured") is None
+
+
+def test_text_shorter_than_one_chunk_is_refused(tiny: Path) -> None:
+    with pytest.raises(BenchError, match="fewer than one chunk"):
+        measure_quality(config(tiny, "f16"), [config(tiny, "q8_0")], "a short text", model_name="x")
+
+
+def test_other_weights_file_is_compared_with_the_reference(
+    tiny: Path, demo_model: Callable[..., Path]
+) -> None:
+    q8_path = demo_model("llama", "tiny", "Q8_0")
+    text, _ = read_text(None)
+    weights = QualityConfig("Q8_0 weights", str(q8_path), "Q8_0")
+    result = measure_quality(
+        config(tiny, "f16", "reference"), [weights], text, model_name="x", n_ctx=CTX, max_chunks=1
+    )
+    assert result.rows[0].kld_mean > 0.0
+
+
+def test_most_precise_sibling_is_the_f16_file(demo_model: Callable[..., Path]) -> None:
+    q4_path = demo_model("llama", "tiny", "Q4_0")
+    f16_path = demo_model("llama", "tiny", "F16")
+    assert f16_path.resolve() in sibling_files(q4_path)
+    best = most_precise(q4_path)
+    assert best.path == f16_path.resolve()
+    assert best.quant == "F16"
+    assert best.bits_per_weight > 15
+
+
+def test_log_softmax_and_kl_divergence_of_known_distributions() -> None:
+    logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]], dtype=np.float32))
+    reference = log_softmax(logits)
+    assert np.exp(reference).sum(axis=1) == pytest.approx([1.0, 1.0])
+    uniform = log_softmax(np.zeros((2, 3), dtype=np.float32))
+    expected = [
+        0.5 * math.log(0.5 * 3) + 2 * 0.25 * math.log(0.25 * 3),
+        2 * 0.1 * math.log(0.1 * 3) + 0.8 * math.log(0.8 * 3),
+    ]
+    assert kl_divergence(reference, uniform) == pytest.approx(expected, rel=1e-5)
+    assert kl_divergence(reference, reference) == pytest.approx([0.0, 0.0])
+
+
+def test_chunks_start_with_bos_and_drop_the_incomplete_tail() -> None:
+    tokens = list(range(10, 35))
+    pieces = chunks(tokens, 8, bos=1, max_chunks=None)
+    assert len(pieces) == 3
+    assert [p[0] for p in pieces] == [1, 1, 1]
+    assert pieces[1][1:] == tokens[9:16]
+    assert chunks(tokens, 8, bos=None, max_chunks=2)[0] == tokens[:8]

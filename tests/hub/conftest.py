@@ -1,0 +1,124 @@
+"""Fixtures for the hub tests: a FakeHub serving generated GGUF files, and the environment
+(HF_ENDPOINT, HF_HOME…) pointing the real ``huggingface_hub`` client and homelab at it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import gguf
+import pytest
+from fake_hub import FakeHub
+
+REPO = "homelab-test/TinyLlama-GGUF"
+QUANTS = ("F16", "Q8_0", "Q4_0")
+
+
+@pytest.fixture(scope="session")
+def quant_files(demo_model: Callable[..., Path]) -> dict[str, Path]:
+    """The tiny demo llama in three quants, standing in for a repo's files."""
+    return {quant: demo_model("llama", "tiny", quant) for quant in QUANTS}
+
+
+@pytest.fixture(scope="session")
+def split_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The tiny demo llama as a two-part Q8_0 split set: written in F16 parts with the gguf
+    package (as gguf-split would), then quantized by llama.cpp keeping the split."""
+    from homelab.gguf import demo
+    from homelab.gguf.quantize import FTYPES
+    from homelab.llamacpp import capture_log, llama
+
+    folder = tmp_path_factory.mktemp("split")
+    spec = demo.spec_for("llama", "tiny")
+    tensors = list(demo._tensors(spec, seed=0))
+    writer = gguf.GGUFWriter(
+        folder / "TinyLlama-F16.gguf", spec.arch, split_max_tensors=len(tensors) // 2 + 1
+    )
+    demo._write_hparams(writer, spec, "homelab-demo-llama-tiny")
+    demo._write_tokenizer(writer, spec.n_vocab)
+    for name, data in tensors:
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    params = llama().llama_model_quantize_default_params()
+    params.ftype = FTYPES["Q8_0"]
+    params.keep_split = True
+    with capture_log():
+        status = llama().llama_model_quantize(
+            str(folder / "TinyLlama-F16-00001-of-00002.gguf").encode(),
+            str(folder / "TinyLlama-Q8_0").encode(),
+            params,
+        )
+    assert status == 0
+    parts = sorted(folder.glob("TinyLlama-Q8_0-*-of-*.gguf"))
+    assert len(parts) == 2, parts
+    return parts
+
+
+@pytest.fixture(scope="session")
+def _running_fake_hub() -> Iterator[FakeHub]:
+    hub = FakeHub().start()  # stopping a server takes ~0.5 s: start them once
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def fake_hub(_running_fake_hub: FakeHub) -> FakeHub:
+    _running_fake_hub.reset()
+    return _running_fake_hub
+
+
+@pytest.fixture
+def hub_env(fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point homelab (and huggingface_hub calls homelab makes) at the FakeHub; returns HF_HOME."""
+    hf_home = tmp_path / "hf-home"
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub.endpoint)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "5")
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")
+    for name in (
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+        "HF_TOKEN_PATH",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("homelab.hub.pull.RETRY_WAITS_S", (0.01,))
+    # huggingface_hub fetches an "agent harness" registry from the endpoint it saw at import
+    # time while building its User-Agent; keep that telemetry call out of the request logs
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
+    return hf_home
+
+
+@pytest.fixture
+def tiny_repo(fake_hub: FakeHub, quant_files: dict[str, Path], split_files: list[Path]) -> str:
+    """A repo with F16, Q8_0 (as a split set) and Q4_0 files, plus a README and a projector."""
+    files: dict[str, bytes | Path] = {
+        "README.md": b"# TinyLlama GGUF\n",
+        "TinyLlama-F16.gguf": quant_files["F16"],
+        "TinyLlama-Q4_0.gguf": quant_files["Q4_0"],
+        "mmproj-TinyLlama-F16.gguf": b"GGUF-not-really",
+    }
+    files.update({f"Q8_0/{part.name}": part for part in split_files})
+    fake_hub.add_repo(REPO, files, downloads=1234, likes=56)
+    fake_hub.add_repo(
+        "homelab-test/Other-GGUF", {"Other-Q8_0.gguf": quant_files["Q8_0"]}, downloads=10, likes=1
+    )
+    return REPO
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A TCP port that accepts connections and never answers: a stalled hub or CDN."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()

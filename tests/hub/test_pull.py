@@ -1,0 +1,211 @@
+"""``homelab pull``: verified, resumable downloads into the Hugging Face cache."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+from fake_hub import FakeHub, sha256
+from huggingface_hub import hf_hub_download, scan_cache_dir
+
+from homelab.errors import HubError
+from homelab.gguf.reader import read_model
+from homelab.hub import cache
+from homelab.hub.pull import pull
+from homelab.hub.quants import ModelRef
+
+
+class FakeInterruptingProgress:
+    """Presses Ctrl-C once a download has passed ``at_bytes`` (a user giving up mid-way)."""
+
+    def __init__(self, at_bytes: int) -> None:
+        self.at_bytes = at_bytes
+        self.done = 0
+        self.notes: list[str] = []
+
+    def start(self, label: str, total_bytes: int, done_bytes: int) -> None:
+        self.done = done_bytes
+
+    def advance(self, n_bytes: int) -> None:
+        self.done += n_bytes
+        if self.done >= self.at_bytes:
+            raise KeyboardInterrupt
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+    def finish(self) -> None:
+        pass
+
+
+class RecordingProgress(FakeInterruptingProgress):
+    def __init__(self) -> None:
+        super().__init__(at_bytes=2**62)
+
+
+def _blob(hf_home: Path, repo: str, data: bytes) -> Path:
+    return cache.blob_path(hf_home / "hub", repo, sha256(data))
+
+
+def test_pull_verifies_and_lays_out_the_cache_like_huggingface_hub(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    pulled = pull(ModelRef(tiny_repo, "F16"))
+    data = fake_hub.repos[tiny_repo].files["TinyLlama-F16.gguf"]
+    assert pulled.path.read_bytes() == data and pulled.downloaded_bytes == len(data)
+    assert pulled.path.is_symlink() and pulled.path.resolve() == _blob(hub_env, tiny_repo, data)
+    assert (
+        cache.repo_dir(hub_env / "hub", tiny_repo) / "refs" / "main"
+    ).read_text() == pulled.commit
+    # huggingface_hub itself finds the file offline, and its cache scan is clean
+    found = hf_hub_download(
+        tiny_repo, "TinyLlama-F16.gguf", cache_dir=hub_env / "hub", local_files_only=True
+    )
+    assert Path(found) == pulled.path
+    report = scan_cache_dir(hub_env / "hub")
+    assert not report.warnings and [r.repo_id for r in report.repos] == [tiny_repo]
+
+
+def test_token_goes_to_the_hub_but_not_to_the_cdn(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    pull(ModelRef(tiny_repo, "Q4_0"))
+    assert {r.authorization for r in fake_hub.requests("hub")} == {"Bearer hf_test_token"}
+    assert {r.authorization for r in fake_hub.requests("cdn")} == {None}
+
+
+def test_fake_hub_speaks_the_protocol_huggingface_hub_downloads_with(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    """The stand-in is only worth its tests if the real client downloads from it."""
+    path = hf_hub_download(
+        tiny_repo, "TinyLlama-Q4_0.gguf", cache_dir=hub_env / "hub", endpoint=fake_hub.endpoint
+    )
+    assert Path(path).read_bytes() == fake_hub.repos[tiny_repo].files["TinyLlama-Q4_0.gguf"]
+    assert [r.method for r in fake_hub.requests("hub")] == ["HEAD"]
+
+
+def test_split_set_lands_in_one_folder_and_loads(hub_env: Path, tiny_repo: str) -> None:
+    pulled = pull(ModelRef(tiny_repo, "q8_0"))
+    assert [p.name for p in pulled.paths] == [
+        "TinyLlama-Q8_0-00001-of-00002.gguf",
+        "TinyLlama-Q8_0-00002-of-00002.gguf",
+    ]
+    assert pulled.paths[0].parent == pulled.paths[1].parent
+    model = read_model(pulled.path)
+    assert model.n_files == 2 and model.file_type == "Q8_0"
+
+
+def test_second_pull_reuses_the_verified_cache(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    pull(ModelRef(tiny_repo, "Q4_0"))
+    fake_hub.clear_log()
+    again = pull(ModelRef(tiny_repo, "Q4_0"))
+    assert again.downloaded_bytes == 0 and fake_hub.requests("cdn") == []
+
+
+def test_dropped_connection_resumes_with_a_range_request(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    data = fake_hub.repos[tiny_repo].files["TinyLlama-F16.gguf"]
+    fake_hub.faults.cut_after_bytes[sha256(data)] = 2_000_000
+    progress = RecordingProgress()
+    pulled = pull(ModelRef(tiny_repo, "F16"), progress=progress)
+    assert pulled.path.read_bytes() == data
+    ranges = [r.range for r in fake_hub.requests("cdn", "GET")]
+    assert ranges[0] is None and len(ranges) == 2
+    resumed_at = int(ranges[1].removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at <= 2_000_000
+    assert any("resuming" in note for note in progress.notes)
+
+
+def test_interrupted_pull_resumes_in_the_next_run(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    data = fake_hub.repos[tiny_repo].files["TinyLlama-F16.gguf"]
+    with pytest.raises(KeyboardInterrupt):
+        pull(ModelRef(tiny_repo, "F16"), progress=FakeInterruptingProgress(at_bytes=3_000_000))
+    partial = _blob(hub_env, tiny_repo, data).with_name(sha256(data) + cache.PARTIAL_SUFFIX)
+    kept = partial.stat().st_size
+    assert 3_000_000 <= kept < len(data)
+    fake_hub.clear_log()
+    pulled = pull(ModelRef(tiny_repo, "F16"))
+    assert pulled.downloaded_bytes == len(data) - kept
+    assert [r.range for r in fake_hub.requests("cdn", "GET")] == [f"bytes={kept}-"]
+    assert hashlib.sha256(pulled.path.read_bytes()).hexdigest() == sha256(data)
+    assert not partial.exists()
+
+
+def test_corrupted_download_is_refused_and_deleted(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    data = fake_hub.repos[tiny_repo].files["TinyLlama-Q4_0.gguf"]
+    fake_hub.faults.corrupt.add(sha256(data))
+    with pytest.raises(
+        HubError, match=r"failed verification: sha256 is .* deleted and will not be used"
+    ):
+        pull(ModelRef(tiny_repo, "Q4_0"))
+    blobs = cache.repo_dir(hub_env / "hub", tiny_repo) / "blobs"
+    assert list(blobs.iterdir()) == []
+    assert not (cache.repo_dir(hub_env / "hub", tiny_repo) / "snapshots").exists()
+
+
+def test_damaged_cached_blob_is_downloaded_again(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    pulled = pull(ModelRef(tiny_repo, "Q4_0"))
+    blob = pulled.path.resolve()
+    blob.write_bytes(b"\0" * blob.stat().st_size)  # same size, new mtime: a damaged disk
+    progress = RecordingProgress()
+    again = pull(ModelRef(tiny_repo, "Q4_0"), progress=progress)
+    assert again.path.read_bytes() == fake_hub.repos[tiny_repo].files["TinyLlama-Q4_0.gguf"]
+    assert any("damaged" in note for note in progress.notes)
+
+
+def test_truncated_download_is_refused(hub_env: Path, tiny_repo: str, fake_hub: FakeHub) -> None:
+    data = fake_hub.repos[tiny_repo].files["TinyLlama-Q4_0.gguf"]
+    fake_hub.faults.truncate_to[sha256(data)] = 1000  # every answer is short
+    with pytest.raises(HubError, match=r"stopped: .*run the same pull again to resume"):
+        pull(ModelRef(tiny_repo, "Q4_0"))
+
+
+def test_offline_uses_the_cache_and_says_so_without_any_request(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    online = pull(ModelRef(tiny_repo, "Q4_0"))
+    fake_hub.clear_log()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    offline = pull(ModelRef(tiny_repo, "Q4_0"))
+    assert offline.path == online.path and offline.from_cache_only
+    assert "HF_HUB_OFFLINE" in offline.notes[0]
+    started = time.monotonic()
+    with pytest.raises(HubError, match=r"not in the local cache .* HF_HUB_OFFLINE"):
+        pull(ModelRef(tiny_repo, "F16"))
+    assert time.monotonic() - started < 1
+    assert fake_hub.requests() == []
+
+
+def test_unreachable_hub_falls_back_to_the_cache(
+    hub_env: Path, tiny_repo: str, silent_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pull(ModelRef(tiny_repo, "Q4_0"))
+    monkeypatch.setenv("HF_ENDPOINT", silent_server)
+    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "0.3")
+    pulled = pull(ModelRef(tiny_repo, "Q4_0"))
+    assert pulled.from_cache_only and "unreachable" in pulled.notes[0]
+
+
+def test_a_second_download_of_the_same_file_is_refused(
+    hub_env: Path, tiny_repo: str, fake_hub: FakeHub
+) -> None:
+    from filelock import FileLock
+
+    data = fake_hub.repos[tiny_repo].files["TinyLlama-Q4_0.gguf"]
+    other_process = FileLock(cache.lock_path(hub_env / "hub", tiny_repo, sha256(data)))
+    with other_process, pytest.raises(HubError, match=r"Another download of .* is running"):
+        pull(ModelRef(tiny_repo, "Q4_0"))
+    assert pull(ModelRef(tiny_repo, "Q4_0")).path.read_bytes() == data

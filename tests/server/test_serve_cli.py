@@ -1,0 +1,108 @@
+"""``homelab serve``: keys management and a real server process end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from homelab.cli import main
+from homelab.server.auth import default_keys_path, load_keys
+from homelab.server.cli import _keys_for
+
+
+@pytest.fixture(autouse=True)
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HOMELAB_HOME", str(tmp_path / "home"))  # keys files stay per test
+    return tmp_path / "home"
+
+
+def test_new_key_is_printed_once_and_stored_hashed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--json", "--new-key", "alice", "--admin"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    path = default_keys_path()
+    assert shown["tenant"] == "alice" and shown["keys_file"] == str(path)
+    assert shown["api_key"] not in path.read_text()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    tenant = load_keys(path).authenticate(shown["api_key"])
+    assert tenant is not None and tenant.admin
+
+
+def test_binding_beyond_loopback_generates_a_key(tmp_path: Path) -> None:
+    keys_path = tmp_path / "keys.toml"
+    args = argparse.Namespace(host="0.0.0.0", api_key_file=None)
+    ring, key = _keys_for(args, keys_path)
+    assert ring is not None and key is not None and ring.authenticate(key) is not None
+    assert stat.S_IMODE(keys_path.stat().st_mode) == 0o600
+    again, no_new_key = _keys_for(args, keys_path)  # existing file: used, nothing generated
+    assert no_new_key is None and again is not None and again.authenticate(key) is not None
+    local_ring, local_key = _keys_for(
+        argparse.Namespace(host="127.0.0.1", api_key_file=None), tmp_path / "none.toml"
+    )
+    assert local_ring is None and local_key is None
+
+
+def test_serve_without_model_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve"]) == 1
+    assert "MODEL" in capsys.readouterr().err
+
+
+SECRET = "zebra quartz prompt"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_homelab_serve_serves_the_openai_sdk(demo_model: Callable[..., Path]) -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "homelab.cli", "serve", str(demo_model("llama")), "--json"]
+    command += [
+        "--port",
+        str(port),
+        "--model-id",
+        "demo",
+        "--ctx",
+        "512",
+        "--parallel",
+        "2",
+        "--threads",
+        "1",
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        assert started["base_url"] == f"http://127.0.0.1:{port}/v1" and started["auth"] is False
+        deadline = time.monotonic() + 60
+        while httpx.get(f"http://127.0.0.1:{port}/health").status_code != 200:
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        with openai.OpenAI(base_url=started["base_url"], api_key="unused", max_retries=0) as sdk:
+            reply = sdk.chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+        assert reply.usage is not None and reply.usage.completion_tokens >= 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert "hi" not in [
+        line.split(": ", 1)[-1] for line in stderr.splitlines()
+    ]  # prompts are not logged

@@ -1,0 +1,153 @@
+"""Keys file, tenants, limits and the gate in front of the routes."""
+
+from __future__ import annotations
+
+import asyncio
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from homelab.errors import ConfigError
+from homelab.server.auth import (
+    KeyRing,
+    RateLimited,
+    Tenant,
+    TenantLimiter,
+    TenantLimits,
+    add_key,
+    hash_key,
+    load_keys,
+)
+from homelab.server.middleware import TENANT_KEY, TenantGate
+
+
+def test_add_key_stores_only_the_hash_with_mode_0600(tmp_path: Path) -> None:
+    path = tmp_path / "config" / "keys.toml"
+    key = add_key(path, "alice", admin=True)
+    second = add_key(path, "bob")
+    text = path.read_text()
+    assert key not in text and second not in text
+    assert hash_key(key) in text and hash_key(second) in text
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    ring = load_keys(path)
+    alice, bob = ring.authenticate(key), ring.authenticate(second)
+    assert alice is not None and alice.name == "alice" and alice.admin
+    assert bob is not None and bob.name == "bob" and not bob.admin
+    assert ring.authenticate("hl-not-a-key") is None
+
+
+def test_keys_file_with_limits(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(
+        f'[keys]\n"{hash_key("k1")}" = "team"\n"{hash_key("k2")}" = "team"\n\n'
+        "[tenants.team]\nmax_concurrent_requests = 2\nrequests_per_minute = 30\n"
+    )
+    ring = load_keys(path)
+    team = ring.authenticate("k2")
+    assert team == Tenant(
+        "team", False, TenantLimits(max_concurrent_requests=2, requests_per_minute=30)
+    )
+    assert ring.authenticate("k1") == team
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("[keys\n", "not valid TOML"),
+        ('[keys]\n"abc" = "x"\n', "not a SHA-256"),
+        (f'[keys]\n"{"0" * 64}" = "bad name!"\n', "tenant names"),
+        ("[tenants.x]\nmax_concurrent_requests = -1\n", "non-negative"),
+        ("[tenants.x]\nburst = 3\n", "unknown keys"),
+        ("[users]\n", "unknown section"),
+    ],
+)
+def test_bad_keys_files_name_the_file(tmp_path: Path, content: str, problem: str) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as error:
+        load_keys(path)
+    assert str(path) in str(error.value) and problem in str(error.value)
+
+
+def test_concurrency_limit_and_release() -> None:
+    limiter = TenantLimiter()
+    tenant = Tenant("t", limits=TenantLimits(max_concurrent_requests=2))
+    first, _ = limiter.acquire(tenant), limiter.acquire(tenant)
+    with pytest.raises(RateLimited):
+        limiter.acquire(tenant)
+    first()
+    first()  # releasing twice frees one slot only
+    limiter.acquire(tenant)
+    with pytest.raises(RateLimited):
+        limiter.acquire(tenant)
+
+
+def test_requests_per_minute_refills_over_time() -> None:
+    now = [100.0]
+    limiter = TenantLimiter(clock=lambda: now[0])
+    tenant = Tenant("t", limits=TenantLimits(max_concurrent_requests=0, requests_per_minute=6))
+    for _ in range(6):
+        limiter.acquire(tenant)()
+    with pytest.raises(RateLimited) as limited:
+        limiter.acquire(tenant)
+    assert limited.value.retry_after_s == 10  # one request per 10 s
+    now[0] += 10
+    limiter.acquire(tenant)
+
+
+def test_other_tenants_are_not_limited_by_one_tenant() -> None:
+    limiter = TenantLimiter()
+    busy = Tenant("busy", limits=TenantLimits(max_concurrent_requests=1))
+    limiter.acquire(busy)
+    limiter.acquire(Tenant("calm", limits=TenantLimits(max_concurrent_requests=1)))
+
+
+# --- the gate, as an ASGI layer -------------------------------------------------------------
+
+
+def run_gate(
+    gate_path: str, headers: dict[str, str], client_host: str, bound_to_loopback: bool
+) -> tuple[int, Any]:
+    seen: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        seen["tenant"] = scope.get(TENANT_KEY)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    ring = KeyRing.from_keys({"admin-key": Tenant("ops", admin=True), "user-key": Tenant("u")})
+    gate = TenantGate(app, keys=ring, limiter=TenantLimiter(), bound_to_loopback=bound_to_loopback)
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": gate_path,
+        "query_string": b"",
+        "client": (client_host, 50000),
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    asyncio.run(gate(scope, receive, send))
+    return sent[0]["status"], seen.get("tenant")
+
+
+def test_metrics_need_an_admin_key_unless_local() -> None:
+    user, admin = {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer admin-key"}
+    assert run_gate("/metrics", user, "203.0.113.9", bound_to_loopback=False)[0] == 403
+    assert run_gate("/metrics", {}, "203.0.113.9", bound_to_loopback=False)[0] == 401
+    assert run_gate("/metrics", admin, "203.0.113.9", bound_to_loopback=False)[0] == 200
+    assert run_gate("/metrics", {}, "127.0.0.1", bound_to_loopback=True)[0] == 200
+    assert run_gate("/metrics", user, "127.0.0.1", bound_to_loopback=False)[0] == 403
+
+
+def test_gate_sets_the_tenant_from_the_key_only() -> None:
+    status, tenant = run_gate("/v1/models", {"Authorization": "bearer user-key"}, "127.0.0.1", True)
+    assert status == 200 and tenant == Tenant("u")

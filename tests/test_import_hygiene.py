@@ -1,0 +1,84 @@
+"""Only homelab.tui may import Textual: every core module must import without it.
+
+Each module is imported in a fresh interpreter (imports are cached per process, so one
+interpreter would let an earlier import hide a later one's dependency).
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import homelab
+
+PACKAGE_ROOT = Path(homelab.__file__).parent
+UI_PACKAGE = "homelab.tui"
+# Textual-free helpers inside the TUI package: the CLI and status verb must not pay for Textual.
+TEXTUAL_FREE_TUI_MODULES = (
+    "homelab.tui.cli",
+    "homelab.tui.services",
+    "homelab.tui.knobs",
+    "homelab.tui.live",
+    "homelab.tui.format",
+    "homelab.tui.hardware_source",
+    "homelab.tui.status",
+)
+
+
+def core_modules() -> list[str]:
+    names = ["homelab"]
+    for info in pkgutil.walk_packages([str(PACKAGE_ROOT)], prefix="homelab."):
+        if info.name == UI_PACKAGE or info.name.startswith(UI_PACKAGE + "."):
+            continue
+        names.append(info.name)
+    return sorted(names)
+
+
+CHECK = """
+import importlib, sys
+failed = []
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+    if "textual" in sys.modules:
+        failed.append(name)
+        break
+print("\\n".join(failed))
+"""
+
+
+def modules_pulling_textual(names: list[str]) -> list[str]:
+    """Import each module in its own fresh interpreter; list those that loaded Textual."""
+    offenders = []
+    for name in names:
+        result = subprocess.run(
+            [sys.executable, "-c", CHECK, name], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, f"importing {name} failed:\n{result.stderr[-2000:]}"
+        if result.stdout.strip():
+            offenders.append(name)
+    return offenders
+
+
+def test_the_core_packages_are_found() -> None:
+    names = core_modules()
+    for package in ("homelab.hardware", "homelab.gguf", "homelab.planner", "homelab.engine"):
+        assert package in names
+    assert not any(name.startswith(UI_PACKAGE) for name in names)
+
+
+def test_no_core_module_imports_textual() -> None:
+    assert modules_pulling_textual(core_modules()) == []
+
+
+@pytest.mark.parametrize("name", TEXTUAL_FREE_TUI_MODULES)
+def test_tui_helpers_stay_textual_free(name: str) -> None:
+    assert modules_pulling_textual([name]) == []
+
+
+def test_the_check_notices_textual() -> None:
+    """The check itself can fail: the app module does import Textual."""
+    assert modules_pulling_textual(["homelab.tui.app"]) == ["homelab.tui.app"]

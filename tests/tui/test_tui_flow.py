@@ -1,0 +1,143 @@
+"""The whole dashboard flow on a generated demo model, driven through Pilot:
+
+plan → change the KV type and see the plan follow → load (the loop keeps ticking) → chat with
+live tok/s → cancel an answer → start the server, call it over HTTP, stop it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Select, Static
+from tui_fakes import FakeHardware
+
+from homelab.tui import services
+from homelab.tui.app import HomelabApp, make_app
+from homelab.tui.widgets.chat import ChatPanel
+from homelab.tui.widgets.live import LivePanel
+
+WAIT_S = 60.0
+
+
+async def wait_until(pilot: Pilot[None], condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def rendered(app: HomelabApp, selector: str) -> str:
+    return str(app.screen.query_one(selector, Static).render())
+
+
+async def planned(app: HomelabApp, pilot: Pilot[None]) -> None:
+    await wait_until(pilot, lambda: app.plan is not None, "the first plan")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_plan_follows_the_kv_knob_before_anything_loads(cpu_machine: FakeHardware) -> None:
+    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await planned(app, pilot)
+        first = app.plan
+        assert "fits" in rendered(app, "#verdict").lower()
+        assert "demo model, random weights" in rendered(app, "#model-line")
+        select = app.screen.query_one("#knob-kv", Select)
+        select.value = "q8_0"
+        await wait_until(pilot, lambda: app.plan is not first, "the re-plan")
+        assert app.plan.settings.type_k == app.plan.settings.type_v == "q8_0"
+        assert "q8_0" in rendered(app, "#settings-line")
+        assert app.engine is None  # planning never loads
+
+
+async def test_cycling_kv_type_with_a_key_replans(cpu_machine: FakeHardware) -> None:
+    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await planned(app, pilot)
+        await pilot.press("k")  # auto -> f16
+        await wait_until(pilot, lambda: app.plan.settings.type_k == "f16", "f16 plan")
+        await pilot.press("k")  # f16 -> q8_0
+        await wait_until(pilot, lambda: app.plan.settings.type_k == "q8_0", "q8_0 plan")
+        assert app.screen.query_one("#knob-kv", Select).value == "q8_0"
+
+
+async def test_load_chat_cancel_and_serve(
+    cpu_machine: FakeHardware, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_load = services.load_engine
+    ticks_during_load: list[int] = []
+
+    def slow_load(*args: object) -> object:
+        """The real load, made to last like a big model's: the UI must keep ticking."""
+        ticks_during_load.append(app.ticks)
+        time.sleep(1.0)
+        engine = real_load(*args)  # type: ignore[arg-type]
+        ticks_during_load.append(app.ticks)
+        return engine
+
+    monkeypatch.setattr(services, "load_engine", slow_load)
+    app = make_app("demo", hardware_provider=cpu_machine, server_port=free_port())
+    async with app.run_test(size=(160, 48)) as pilot:
+        await planned(app, pilot)
+
+        # load: the event loop keeps running (10 Hz UI timer) while the worker loads
+        await pilot.press("l")
+        await wait_until(pilot, lambda: app.engine is not None, "the model to load")
+        first, last = ticks_during_load
+        assert last - first >= 5
+
+        # chat: the answer streams and tok/s becomes non-zero
+        chat = app.screen.query_one(ChatPanel)
+        await pilot.press("i", *"hello", "enter")
+        await wait_until(pilot, lambda: app.answer is None and len(chat.history) == 2, "an answer")
+        assert chat.history[1]["role"] == "assistant" and chat.history[1]["content"]
+        live = app.screen.query_one(LivePanel)
+        await wait_until(
+            pilot,
+            lambda: live.latest is not None and live.latest.decode_tok_s > 0,
+            "non-zero decode tok/s",
+        )
+        assert "tok/s" in str(app.screen.query_one("#decode-rate .rate-value", Static).render())
+
+        # cancel: escape stops the answer being generated
+        await pilot.press(*"tell me more", "enter")
+        await wait_until(pilot, lambda: app.answer is not None, "the second answer to start")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.answer is None, "the cancelled answer to end")
+        assert "cancelled" in chat.query("ChatMessage").last().text
+
+        # serve: start, call it with an HTTP client, see the request logged, stop
+        await pilot.press("escape")  # leave the prompt box so 's' is a key, not text
+        await pilot.press("s")
+        await wait_until(pilot, lambda: app.server is not None, "the server to start")
+        url = services.server_url(app.server)
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            models = await client.get("/v1/models")
+            assert models.status_code == 200
+            reply = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": models.json()["data"][0]["id"],
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "max_tokens": 8,
+                },
+            )
+            assert reply.status_code == 200
+        log = app.screen.query_one("#request-log", DataTable)
+        await wait_until(pilot, lambda: log.row_count >= 1, "the request log")
+        await pilot.press("s")
+        await wait_until(pilot, lambda: "stopped" in rendered(app, "#server-status"), "stop")
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/v1/models", timeout=5)

@@ -1,0 +1,78 @@
+"""The Textual-free helpers under the dashboard: bars, hand-offs, knobs, VRAM split."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+from tui_fakes import GIB, MIB, fake_rtx_24gb, gpu_24gb_machine
+
+from homelab.tui.bars import share_cells
+from homelab.tui.format import human_bytes, human_tokens
+from homelab.tui.hardware_source import live_from_report, vram_share
+from homelab.tui.knobs import Knobs, cycle
+from homelab.tui.live import Coalescer, Inbox, TextBuffer
+
+
+def test_bar_cells_are_proportional_and_fill_the_width() -> None:
+    assert share_cells([1, 1, 2], 8) == [2, 2, 4]
+    assert sum(share_cells([3, 5, 7], 37)) == 37
+    assert share_cells([0, 0], 10) == [0, 0]
+
+
+def test_a_small_share_stays_visible() -> None:
+    cells = share_cells([1, 10_000], 20)
+    assert cells[0] == 1 and sum(cells) == 20
+
+
+def test_vram_split_separates_ours_from_other_processes() -> None:
+    machine = gpu_24gb_machine().report
+    share = vram_share(live_from_report(machine).gpus[0])
+    assert not share.ours_known and share.ours_bytes == 0
+    assert share.other_bytes == 1100 * MIB  # Xorg 800 MiB + 300 MiB the driver keeps
+    with_us = replace(machine, gpus=(fake_rtx_24gb(ours_bytes=2 * GIB),))
+    split = vram_share(live_from_report(with_us).gpus[0])
+    assert split.ours_known and split.ours_bytes == 2 * GIB
+    assert split.other_bytes == 1100 * MIB
+    assert split.ours_bytes + split.other_bytes + split.free_bytes == 24 * GIB
+
+
+def test_coalescer_wakes_once_per_burst_and_keeps_the_newest() -> None:
+    wakes: list[int] = []
+    box = Coalescer[int](lambda: wakes.append(1))
+    threads = [threading.Thread(target=box.put, args=(value,)) for value in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wakes) == 1
+    assert box.take() is not None
+    assert box.take() is None
+    box.put(7)
+    assert len(wakes) == 2 and box.take() == 7
+
+
+def test_text_buffer_and_inbox_drain_everything_once() -> None:
+    buffer = TextBuffer()
+    for piece in ("a", "", "b", "c"):
+        buffer.append(piece)
+    assert buffer.drain() == "abc" and buffer.drain() == ""
+    inbox = Inbox[int](limit=3)
+    for value in range(5):
+        inbox.add(value)
+    assert inbox.drain() == [2, 3, 4] and inbox.drain() == []
+
+
+def test_knobs_parse_select_values_and_cycle_through_auto() -> None:
+    knobs = Knobs().with_value("kv_type", "q8_0").with_value("n_parallel", "4")
+    assert knobs == Knobs(kv_type="q8_0", n_parallel=4)
+    assert knobs.with_value("kv_type", "auto").kv_type is None
+    assert cycle(None, ("f16", "q8_0")) == "f16"
+    assert cycle("q8_0", ("f16", "q8_0")) is None
+
+
+def test_sizes_read_like_a_person_wrote_them() -> None:
+    assert human_bytes(24 * GIB) == "24.0 GiB"
+    assert human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(None) == "N/A"
+    assert human_tokens(131072) == "128k" and human_tokens(1500) == "1500"
