@@ -48,6 +48,7 @@ class Device:
     overhead_bytes: int  # runtime memory besides weights, caches and compute buffers
     budget_note: str  # how budget_bytes was derived
     compute_capability: str | None = None
+    free_bytes: int | None = None  # what llama.cpp will see free; GPUs share layers by it
     fp16_tflops: float | None = None  # dense tensor-core FP16 (profile), for prefill estimates
     hardware_id: str | None = None  # profile id or NVML name: keys measured speed profiles
 
@@ -58,7 +59,6 @@ class Hardware:
 
     devices: tuple[Device, ...]
     source: str  # "detected", "profile", "vram" or "cpu"
-    cpu_repack: bool = True  # AVX2 host: Q4_0/Q4_K/IQ4_NL CPU weights get a repacked copy
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -75,7 +75,7 @@ class Hardware:
 
     def gpu_split(self) -> tuple[float, ...]:
         """How llama.cpp shares layers between GPUs by default: in proportion to free memory."""
-        return tuple(float(gpu.budget_bytes) for gpu in self.gpus)
+        return tuple(float(gpu.free_bytes or gpu.budget_bytes) for gpu in self.gpus)
 
 
 def host_device(ram_bytes: int, note: str, total_bytes: int | None = None) -> Device:
@@ -110,6 +110,7 @@ def profile_gpu(
             f"reserve minus {_gib(margin_bytes)} margin"
         ),
         compute_capability=profile.compute_capability,
+        free_bytes=profile.vram_bytes - DESKTOP_RESERVE_BYTES,
         fp16_tflops=profile.fp16_tflops,
         hardware_id=profile.id,
     )
@@ -125,6 +126,7 @@ def vram_gpu(vram_bytes: int, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> Devic
         bandwidth_gb_s=DEFAULT_GPU_BANDWIDTH_GB_S,
         overhead_bytes=DEFAULT_GPU_OVERHEAD_BYTES,
         budget_note=f"{_gib(vram_bytes)} given with --vram minus {_gib(margin_bytes)} margin",
+        free_bytes=vram_bytes,
     )
 
 
@@ -144,8 +146,7 @@ def hardware_from_report(
                 notes.append(f"{device.label} has almost no free VRAM: planning without it.")
                 continue
             gpus.append(device)
-    cpu_repack = bool(report.cpu.has_avx2)
-    return Hardware((host, *gpus), "detected" if gpus else "cpu", cpu_repack, tuple(notes))
+    return Hardware((host, *gpus), "detected" if gpus else "cpu", tuple(notes))
 
 
 def _host_from_report(report: HardwareReport, ram_bytes: int | None) -> Device:
@@ -160,10 +161,13 @@ def _host_from_report(report: HardwareReport, ram_bytes: int | None) -> Device:
 
 def _detected_gpu(gpu: object, index: int, margin_bytes: int) -> Device:
     from homelab.hardware.gpu import GpuInfo
+    from homelab.planner.calibration import measured_gpu_overhead
 
     assert isinstance(gpu, GpuInfo)
     profile = _profile_or_none(gpu.profile_id)
     free = gpu.memory_free_bytes
+    measured = measured_gpu_overhead(gpu.index)
+    overhead = profile.overhead_bytes if profile else DEFAULT_GPU_OVERHEAD_BYTES
     return Device(
         name=f"CUDA{index}",
         kind="gpu",
@@ -171,9 +175,11 @@ def _detected_gpu(gpu: object, index: int, margin_bytes: int) -> Device:
         total_bytes=gpu.memory_total_bytes,
         budget_bytes=max(free - margin_bytes, 0),
         bandwidth_gb_s=profile.bandwidth_gb_s if profile else DEFAULT_GPU_BANDWIDTH_GB_S,
-        overhead_bytes=profile.overhead_bytes if profile else DEFAULT_GPU_OVERHEAD_BYTES,
-        budget_note=f"{_gib(free)} free now (NVML) minus {_gib(margin_bytes)} margin",
+        overhead_bytes=overhead if measured is None else measured,
+        budget_note=f"{_gib(free)} free now (NVML) minus {_gib(margin_bytes)} margin"
+        + ("" if measured is None else "; overhead measured by earlier loads"),
         compute_capability=gpu.compute_capability,
+        free_bytes=free,
         fp16_tflops=profile.fp16_tflops if profile else None,
         hardware_id=profile.id if profile else gpu.name,
     )
@@ -213,7 +219,7 @@ def resolve_hardware(
 def _offline_hardware(
     gpu: str | None, vram_bytes: int | None, ram_bytes: int | None, margin: int
 ) -> Hardware:
-    from homelab.hardware.host import read_cpu, read_memory
+    from homelab.hardware.host import read_memory
 
     if ram_bytes is None:
         memory = read_memory()
@@ -227,7 +233,7 @@ def _offline_hardware(
     else:
         assert vram_bytes is not None
         device, source = vram_gpu(vram_bytes, margin), "vram"
-    return Hardware((host, device), source, bool(read_cpu().has_avx2))
+    return Hardware((host, device), source)
 
 
 def with_gpu_overhead(hardware: Hardware, overhead_bytes: int | None) -> Hardware:

@@ -59,7 +59,9 @@ def row_bytes(cache_type: str, n_elements: int) -> int:
         block_elements, block_bytes = CACHE_TYPE_BLOCKS[cache_type]
     except KeyError:
         known = ", ".join(CACHE_TYPE_BLOCKS)
-        raise PlanError(f"Unknown KV cache type {cache_type!r}.", hint=f"Use one of {known}.") from None
+        raise PlanError(
+            f"Unknown KV cache type {cache_type!r}.", hint=f"Use one of {known}."
+        ) from None
     if n_elements % block_elements:
         raise PlanError(
             f"A {cache_type} cache needs rows that are a multiple of {block_elements} values; "

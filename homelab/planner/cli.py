@@ -20,7 +20,9 @@ GOALS = ("context", "quality", "throughput")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="a GGUF file, or a catalogue name such as llama-3.1-8b")
+    parser.add_argument(
+        "model", metavar="MODEL", help="a GGUF file, or a catalogue name such as llama-3.1-8b"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--gpu", metavar="PROFILE", help="plan for a GPU profile (e.g. rtx-4090)")
     where.add_argument("--vram", metavar="BYTES", help="plan for a GPU with this much VRAM (24GiB)")
@@ -31,16 +33,39 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     """The planning knobs, shared by ``plan`` and the verbs that plan before loading (serve)."""
     group = parser.add_argument_group("plan")
-    group.add_argument("--ram", metavar="BYTES", help="host RAM to plan with (default: this machine's)")
-    group.add_argument("--ctx", metavar="N", help="context each request can use (tokens; 32k allowed)")
-    group.add_argument("--parallel", type=int, metavar="N", help="parallel slots (requests at once)")
-    group.add_argument("--kv", metavar="TYPE", help="KV cache type: f16, q8_0, q4_0, or K/V like q8_0/f16")
+    group.add_argument(
+        "--ram", metavar="BYTES", help="host RAM to plan with (default: this machine's)"
+    )
+    group.add_argument(
+        "--ctx",
+        metavar="N",
+        help="context each request can use (tokens; 32k allowed); the minimum with --goal context",
+    )
+    group.add_argument(
+        "--parallel", type=int, metavar="N", help="parallel slots (requests at once)"
+    )
+    group.add_argument(
+        "--kv", metavar="TYPE", help="KV cache type: f16, q8_0, q4_0, or K/V like q8_0/f16"
+    )
     group.add_argument("--quant", metavar="Q", help="weight quant to use (e.g. Q4_K_M)")
-    group.add_argument("--goal", choices=GOALS, default="context", help="what to optimise (default: context)")
-    group.add_argument("--margin", metavar="BYTES", help="VRAM to leave free on each GPU (default 256MiB)")
-    group.add_argument("--overhead", metavar="BYTES", help="CUDA runtime overhead per GPU (default: the profile's)")
-    group.add_argument("--n-gpu-layers", type=int, metavar="N", help="fix the number of layers on the GPU")
-    group.add_argument("--n-cpu-moe", type=int, metavar="N", help="keep the experts of the first N blocks on the CPU")
+    group.add_argument(
+        "--goal", choices=GOALS, default="context", help="what to optimise (default: context)"
+    )
+    group.add_argument(
+        "--margin", metavar="BYTES", help="VRAM to leave free on each GPU (default 256MiB)"
+    )
+    group.add_argument(
+        "--overhead", metavar="BYTES", help="CUDA runtime overhead per GPU (default: the profile's)"
+    )
+    group.add_argument(
+        "--n-gpu-layers", type=int, metavar="N", help="fix the number of layers on the GPU"
+    )
+    group.add_argument(
+        "--n-cpu-moe",
+        type=int,
+        metavar="N",
+        help="keep the experts of the first N blocks on the CPU",
+    )
     group.add_argument("--n-ubatch", type=int, metavar="N", help="fix the micro-batch size")
     group.add_argument("--no-flash-attn", action="store_true", help="plan without flash attention")
 
@@ -106,7 +131,9 @@ def parse_tokens(text: str | int) -> int:
     multiplier = 1024 if cleaned.endswith("k") else 1
     digits = cleaned.removesuffix("k")
     if not digits.isdigit() or int(digits) <= 0:
-        raise PlanError(f"--ctx {text!r} is not a number of tokens.", hint="Write it like 8192 or 32k.")
+        raise PlanError(
+            f"--ctx {text!r} is not a number of tokens.", hint="Write it like 8192 or 32k."
+        )
     return int(digits) * multiplier
 
 

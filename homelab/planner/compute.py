@@ -74,7 +74,9 @@ def graph_facts(model: ModelInfo) -> GraphFacts:
             _attention_rows(model, geometry, layer) for layer in range(model.n_layer)
         ),
         mask_layers=_mask_layers(geometry),
-        recurrent_rows=MAMBA_INNER_ROWS * model.ssm_d_inner if model.ssm_d_inner else 4 * model.n_embd,
+        recurrent_rows=MAMBA_INNER_ROWS * model.ssm_d_inner
+        if model.ssm_d_inner
+        else 4 * model.n_embd,
         recurrent_state_bytes=F32 * model.ssm_d_state * model.ssm_d_inner,
     )
 
@@ -121,7 +123,9 @@ def _layer_peak(
         states = facts.recurrent_state_bytes * max(1, settings.n_parallel)
         return int(tokens * F32 * facts.recurrent_rows) + states
     element = 2 if settings.flash_attn else F32
-    masks = sum(element * kv_cells(geometry, shape, settings, il) for il in facts.mask_layers[layer])
+    masks = sum(
+        element * kv_cells(geometry, shape, settings, il) for il in facts.mask_layers[layer]
+    )
     attention = tokens * (masks + F32 * facts.attention_rows[layer])
     if not settings.flash_attn and layer in geometry.kv_layers:
         attention += tokens * F32 * facts.n_head[layer] * kv_cells(geometry, shape, settings, layer)
@@ -144,10 +148,8 @@ def _mask_layers(geometry: CacheGeometry) -> tuple[tuple[int, ...], ...]:
 
 
 def _attention_rows(model: ModelInfo, geometry: CacheGeometry, layer: int) -> int:
-    if geometry.mla:
-        projected = model.n_head[layer] * model.head_dim_k  # absorbed MLA: heads share latent K
-    else:
-        projected = geometry.k_width[layer]
+    # absorbed MLA: every head attends the shared latent K
+    projected = model.n_head[layer] * model.head_dim_k if geometry.mla else geometry.k_width[layer]
     return ATTENTION_HIDDEN_ROWS * model.n_embd + ATTENTION_KV_ROWS * projected
 
 

@@ -87,7 +87,9 @@ def parse_log(text: str) -> DryRunResult:
     )
 
 
-def dry_run(path: str | Path, settings: Settings, timeout_s: float = DRY_RUN_TIMEOUT_S) -> DryRunResult:
+def dry_run(
+    path: str | Path, settings: Settings, timeout_s: float = DRY_RUN_TIMEOUT_S
+) -> DryRunResult:
     """Run the dry run for ``path`` with ``settings`` in a subprocess."""
     request = json.dumps({"path": str(path), "settings": settings.to_dict()})
     try:
@@ -105,7 +107,9 @@ def dry_run(path: str | Path, settings: Settings, timeout_s: float = DRY_RUN_TIM
         document = json.loads(finished.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         tail = (finished.stderr or "").strip().splitlines()[-3:]
-        return DryRunResult(ok=False, error=f"llama.cpp exited ({finished.returncode}): {' '.join(tail)}")
+        return DryRunResult(
+            ok=False, error=f"llama.cpp exited ({finished.returncode}): {' '.join(tail)}"
+        )
     return _result_from_dict(document)
 
 
@@ -138,11 +142,15 @@ def run_in_process(path: str, settings: Settings) -> DryRunResult:
     with capture_log() as lines:
         model = lib.llama_model_load_from_file(path.encode(), _model_params(lib, settings))
         if not model:
-            return DryRunResult(ok=False, error=f"llama.cpp could not open {path}: {_last_error(lines)}")
+            return DryRunResult(
+                ok=False, error=f"llama.cpp could not open {path}: {_last_error(lines)}"
+            )
         try:
             context = lib.llama_init_from_model(model, context_params(lib, settings))
             if not context:
-                return DryRunResult(ok=False, error=f"context creation failed: {_last_error(lines)}")
+                return DryRunResult(
+                    ok=False, error=f"context creation failed: {_last_error(lines)}"
+                )
             lib.llama_free(context)
         finally:
             lib.llama_model_free(model)
@@ -177,7 +185,9 @@ def context_params(lib: Any, settings: Settings) -> Any:
     params.type_k = GGML_TYPE_IDS[settings.type_k]
     params.type_v = GGML_TYPE_IDS[settings.type_v]
     params.flash_attn_type = (
-        lib.LLAMA_FLASH_ATTN_TYPE_ENABLED if settings.flash_attn else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        if settings.flash_attn
+        else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
     )
     params.swa_full = settings.swa_full
     params.kv_unified = settings.kv_unified

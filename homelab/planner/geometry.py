@@ -119,8 +119,7 @@ def recurrent_s_width(model: ModelInfo) -> int:
 
 def int_key(model: ModelInfo, key: str) -> int:
     """An ``{arch}.{key}`` integer from the metadata, 0 when absent."""
-    value = model.metadata.get(f"{model.architecture}.{key}", 0)
+    value: object = model.metadata.get(f"{model.architecture}.{key}", 0)
     if isinstance(value, tuple):
         value = value[0] if value else 0
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-

@@ -160,7 +160,7 @@ class MemoryModel:
         placement = self.layer_placement(settings, hardware)
         n_cpu_moe = settings.n_cpu_moe if hardware.has_gpu else 0
         count = len(hardware.devices)
-        weights = self.weights.by_device(placement, n_cpu_moe, count, hardware.cpu_repack)
+        weights = self.weights.by_device(placement, n_cpu_moe, count)
         kv = self._per_device(kv_bytes_by_layer(self.geometry, settings), placement, count)
         recurrent = self._per_device(
             recurrent_bytes_by_layer(self.geometry, settings), placement, count

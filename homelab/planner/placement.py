@@ -12,8 +12,10 @@ Device index 0 is the CPU, 1.. the GPUs in order. The rules:
 * multi-token-prediction blocks are not loaded;
 * a tied output head (no ``output.weight``) is a second copy of ``token_embd`` on the output
   device when that device is a GPU;
-* on an AVX2 CPU, Q4_0 / Q4_K / IQ4_NL matrices kept on the CPU get a repacked copy in
-  anonymous memory besides the mapped file pages (``CPU_REPACK`` buffer).
+* on an AVX2 CPU, Q4_0 / Q4_K / IQ4_NL matrices kept on the CPU are repacked into anonymous
+  memory (the ``CPU_REPACK`` buffer); their mapped file pages are read once and stay only as
+  reclaimable page cache, so each tensor still costs its size once. The repacked bytes are
+  tracked (``*_repack_bytes``) to explain the log's two CPU buffers.
 """
 
 from __future__ import annotations
@@ -81,9 +83,7 @@ class WeightTable:
         blocks = sum(layer.dense_bytes + layer.expert_bytes for layer in self.layers)
         return self.input_bytes + self.output_bytes + blocks
 
-    def by_device(
-        self, devices: tuple[int, ...], n_cpu_moe: int, n_devices: int, cpu_repack: bool
-    ) -> list[int]:
+    def by_device(self, devices: tuple[int, ...], n_cpu_moe: int, n_devices: int) -> list[int]:
         """Weight bytes per device index for a layer placement from :func:`layer_devices`."""
         sizes = [0] * n_devices
         sizes[0] += self.input_bytes
@@ -96,10 +96,6 @@ class WeightTable:
             device = devices[index]
             sizes[device] += layer.dense_bytes
             sizes[0 if experts_on_cpu else device] += layer.expert_bytes
-            if cpu_repack and device == 0:
-                sizes[0] += layer.dense_repack_bytes
-            if cpu_repack and (device == 0 or experts_on_cpu):
-                sizes[0] += layer.expert_repack_bytes
         return sizes
 
     def largest_cpu_tensor_bytes(self, devices: tuple[int, ...], n_cpu_moe: int) -> int:

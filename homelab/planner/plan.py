@@ -19,7 +19,13 @@ from homelab.planner.cache import MIB
 from homelab.planner.dryrun import DryRunResult, dry_run
 from homelab.planner.memory import MemoryEstimate, MemoryModel
 from homelab.planner.predict import Prediction, predict_speed
-from homelab.planner.rules import DEFAULT_KV_PAIRS, KvPair, kv_label, kv_pair_problem, slow_pair_note
+from homelab.planner.rules import (
+    DEFAULT_KV_PAIRS,
+    KvPair,
+    kv_label,
+    kv_pair_problem,
+    slow_pair_note,
+)
 from homelab.planner.search import (
     CAPACITY_LIMIT_TOKENS,
     Choice,
@@ -184,7 +190,9 @@ def plan_model(
     if verification.engine is not None and verification.method == "dry-run":
         corrected = _with_engine_compute(choice, hardware, verification.engine)
         if not corrected.estimate.fits:
-            reasons.append("llama.cpp's compute buffers are larger than the formula's: re-planned with them")
+            reasons.append(
+                "llama.cpp's compute buffers are larger than the formula's: re-planned with them"
+            )
             search = Search([choice.model], hardware, request)
             search.candidates = [corrected.memory]
             result = search.run()
@@ -195,13 +203,15 @@ def plan_model(
     return build_plan(choice, hardware, request, verification, reasons, variants)
 
 
-def _variants(model: ModelInfo | str | Sequence[ModelInfo], request: PlanRequest) -> list[ModelInfo]:
+def _variants(
+    model: ModelInfo | str | Sequence[ModelInfo], request: PlanRequest
+) -> list[ModelInfo]:
     if isinstance(model, ModelInfo):
         return [model]
     if isinstance(model, str):
         from homelab.planner.resolve import resolve_model
 
-        return resolve_model(model, request.quant)
+        return resolve_model(model)  # every variant: the search applies --quant, hints use the rest
     return list(model)
 
 
@@ -215,7 +225,11 @@ def build_plan(
 ) -> Plan:
     model = choice.model
     capacity = capacity_rows(choice, hardware)
-    all_reasons = [*explain(choice, hardware, request, variants), *reasons, *_verification_reasons(verification)]
+    all_reasons = [
+        *explain(choice, hardware, request, variants),
+        *reasons,
+        *_verification_reasons(verification),
+    ]
     return Plan(
         model_name=model.name,
         model_source=model.source,
@@ -255,7 +269,11 @@ def capacity_rows(choice: Choice, hardware: Hardware) -> tuple[CapacityRow, ...]
         memory_max = search.max_ctx(choice.memory, base, CAPACITY_LIMIT_TOKENS)
         rows.append(
             CapacityRow(
-                pair[0], pair[1], min(memory_max, trained), memory_max, pair == chosen,
+                pair[0],
+                pair[1],
+                min(memory_max, trained),
+                memory_max,
+                pair == chosen,
                 slow_pair_note(hardware, pair),
             )
         )
@@ -265,7 +283,7 @@ def capacity_rows(choice: Choice, hardware: Hardware) -> tuple[CapacityRow, ...]
 def capacity_table(
     model: ModelInfo, settings: Settings, hardware: Hardware
 ) -> tuple[CapacityRow, ...]:
-    """The capacity table for ``model`` with ``settings`` (slots, offload, batch) on ``hardware``."""
+    """The capacity table of ``model`` with ``settings`` (slots, offload, batch) on ``hardware``."""
     memory = MemoryModel(model)
     return capacity_rows(Choice(memory, settings, memory.estimate(settings, hardware)), hardware)
 
@@ -280,8 +298,12 @@ def verify_choice(choice: Choice, hardware: Hardware) -> Verification:
         return _formula_only(choice, "no local file to dry-run (catalogue model)")
     result = dry_run(source, choice.settings)
     if not result.ok:
-        return Verification("formula", f"the llama.cpp dry run failed: {result.error}", engine=result)
-    return Verification("dry-run", _dry_run_detail(result, hardware), compare(choice, result, hardware), result)
+        return Verification(
+            "formula", f"the llama.cpp dry run failed: {result.error}", engine=result
+        )
+    return Verification(
+        "dry-run", _dry_run_detail(result, hardware), compare(choice, result, hardware), result
+    )
 
 
 def _formula_only(choice: Choice, why: str) -> Verification:
@@ -303,7 +325,12 @@ def compare(choice: Choice, result: DryRunResult, hardware: Hardware) -> tuple[C
         comparisons.append(_comparison("kv_bytes", estimate.kv_bytes, result.kv_mib, tolerance))
     if result.recurrent_mib is not None:
         comparisons.append(
-            _comparison("recurrent_bytes", estimate.recurrent_bytes, result.recurrent_mib, LOG_RESOLUTION_MIB)
+            _comparison(
+                "recurrent_bytes",
+                estimate.recurrent_bytes,
+                result.recurrent_mib,
+                LOG_RESOLUTION_MIB,
+            )
         )
     if hardware.has_gpu and not result.gpu_offload:
         return tuple(comparisons)
@@ -356,17 +383,26 @@ def explain(
 ) -> list[str]:
     """Why each knob has its value."""
     settings, memory = choice.settings, choice.memory
-    reasons = [_quant_reason(settings, request, variants), _kv_reason(settings, request, hardware)]
+    partial = hardware.has_gpu and (
+        settings.n_gpu_layers < memory.full_offload_layers or settings.n_cpu_moe > 0
+    )
+    reasons = [
+        _quant_reason(settings, request, variants, partial),
+        _kv_reason(settings, request, hardware),
+    ]
     reasons.append(_offload_reason(choice, hardware, request))
     reasons.append(_flash_reason(settings, request, hardware, memory))
     reasons.append(_slots_reason(settings, request))
     if memory.geometry.has_swa:
         reasons.append(
             f"swa_full off: the {sum(memory.geometry.swa)} sliding-window layers keep only "
-            f"{memory.model.n_swa} + n_ubatch cells (passed explicitly; llama-cpp-python defaults to full)"
+            f"{memory.model.n_swa} + n_ubatch cells (passed explicitly: llama-cpp-python's "
+            "default is the full size)"
         )
     if settings.n_ubatch != 512:
-        reasons.append(f"n_ubatch {settings.n_ubatch}: smaller compute buffers than 512 to make it fit")
+        reasons.append(
+            f"n_ubatch {settings.n_ubatch}: smaller compute buffers than 512 to make it fit"
+        )
     if hardware.has_gpu:
         reasons.append(
             "GPU compute buffers and overhead are estimates (logits, attention and CUDA runtime) "
@@ -380,16 +416,25 @@ def explain(
     return reasons
 
 
-def _quant_reason(settings: Settings, request: PlanRequest, variants: Sequence[ModelInfo]) -> str:
+def _quant_reason(
+    settings: Settings, request: PlanRequest, variants: Sequence[ModelInfo], partial: bool
+) -> str:
     if request.quant is not None:
         return f"quant {settings.quant}: asked with --quant"
     names = [m.file_type for m in order_by_quality(variants)]
     if len(names) == 1:
         return f"quant {settings.quant}: the only file available"
+    if partial:
+        return (
+            f"quant {settings.quant}: no quant fits on the GPU alone; the best one that keeps at "
+            "least half the decode speed of the fastest partial offload"
+        )
     better = names[: names.index(settings.quant)] if settings.quant in names else []
     if not better:
         return f"quant {settings.quant}: the best of {', '.join(names)}"
-    return f"quant {settings.quant}: {', '.join(better)} would not fit the minimum context on the GPU"
+    return (
+        f"quant {settings.quant}: {', '.join(better)} would not fit the minimum context on the GPU"
+    )
 
 
 def _kv_reason(settings: Settings, request: PlanRequest, hardware: Hardware) -> str:
@@ -413,13 +458,19 @@ def _offload_reason(choice: Choice, hardware: Hardware, request: PlanRequest) ->
     if request.n_gpu_layers is not None:
         return f"{settings.n_gpu_layers} GPU layers: asked with --n-gpu-layers"
     if settings.n_gpu_layers >= full and settings.n_cpu_moe == 0:
-        return f"all {full} layers ({full - 1} blocks + output head) on the GPU: decode runs at GPU bandwidth"
+        return (
+            f"all {full} layers ({full - 1} blocks + output head) on the GPU: "
+            "decode runs at GPU bandwidth"
+        )
     if settings.n_cpu_moe:
         return f"experts of the first {settings.n_cpu_moe} blocks on the CPU, the rest on the GPU"
-    return f"{settings.n_gpu_layers} of {full} layers on the GPU, the first {full - settings.n_gpu_layers} on the CPU"
+    on_cpu = full - settings.n_gpu_layers
+    return f"{settings.n_gpu_layers} of {full} layers on the GPU, the first {on_cpu} on the CPU"
 
 
-def _flash_reason(settings: Settings, request: PlanRequest, hardware: Hardware, memory: MemoryModel) -> str:
+def _flash_reason(
+    settings: Settings, request: PlanRequest, hardware: Hardware, memory: MemoryModel
+) -> str:
     from homelab.planner.rules import flash_attn_problem
 
     if request.flash_attn is not None:

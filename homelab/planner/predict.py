@@ -138,8 +138,8 @@ def _bytes_read_per_token(
         read[0 if index < n_cpu_moe else placement[index]] += layer.expert_bytes * expert_share
     cells = max(context_shape(settings).n_ctx_seq, 1)
     fraction = min(fill_tokens, cells) / cells / settings.n_parallel
-    for layer, n_bytes in kv_bytes_by_layer(memory.geometry, settings).items():
-        read[placement[layer]] += n_bytes * fraction
+    for layer_index, n_bytes in kv_bytes_by_layer(memory.geometry, settings).items():
+        read[placement[layer_index]] += n_bytes * fraction
     return read
 
 
@@ -163,7 +163,7 @@ def load_measured_profile(
         for record in _records(path):
             if _matches(record, model_name, settings, wanted_ids):
                 return MeasuredSpeed(
-                    float(record["decode_tok_s"]), float(record["prefill_tok_s"]), path.name
+                    _number(record["decode_tok_s"]), _number(record["prefill_tok_s"]), path.name
                 )
     return None
 
@@ -181,8 +181,8 @@ def _matches(
     record: dict[str, object], model_name: str, settings: Settings, hardware_ids: set[str]
 ) -> bool:
     try:
-        float(record["decode_tok_s"])  # type: ignore[arg-type]
-        float(record["prefill_tok_s"])  # type: ignore[arg-type]
+        _number(record["decode_tok_s"])
+        _number(record["prefill_tok_s"])
     except (KeyError, TypeError, ValueError):
         return False
     return (
@@ -191,6 +191,12 @@ def _matches(
         and _norm(record.get("type_k")) == _norm(settings.type_k)
         and _norm(record.get("hardware_id")) in hardware_ids
     )
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"{value!r} is not a number")
+    return float(value)
 
 
 def _norm(value: object) -> str:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from homelab.planner.memory import DeviceMemory
 from homelab.planner.plan import CapacityRow, Plan, Verification
+from homelab.planner.search import CAPACITY_LIMIT_TOKENS
 from homelab.planner.sizes import format_size
 
 BAR_WIDTH = 28
+NAME_WIDTH = 30
 # one character per component, in stacking order
 BAR_PARTS = (("weights", "█"), ("KV", "▓"), ("recurrent", "▒"), ("compute", "▒"), ("overhead", "░"))
 FREE = "·"
@@ -34,23 +36,35 @@ def _title(plan: Plan) -> str:
 
 def _chosen(plan: Plan) -> str:
     s = plan.settings
-    full = plan.full_offload_layers
-    offload = "no GPU" if not plan.hardware.has_gpu else f"{min(s.n_gpu_layers, full)}/{full} layers on the GPU"
-    if s.n_cpu_moe:
-        offload += f", experts of {s.n_cpu_moe} blocks on the CPU"
+    offload = _offload_text(plan)
+    flash = "on" if s.flash_attn else "off"
+    swa_full = "on" if s.swa_full else "off"
     rows = [
         ("quant", f"{s.quant}   (of {', '.join(plan.quants_considered)})"),
-        ("context", f"{s.n_ctx_per_slot} tokens per slot × {s.n_parallel} slot(s) = n_ctx {s.n_ctx}"
-                    f"   (trained {plan.trained_context})"),
-        ("KV cache", f"{s.type_k} / {s.type_v}   flash attention {'on' if s.flash_attn else 'off'}"),
+        ("context", f"{s.n_ctx_per_slot} tokens per slot × {s.n_parallel} slot(s) = "
+                    f"n_ctx {s.n_ctx}   (trained {plan.trained_context})"),
+        ("KV cache", f"{s.type_k} / {s.type_v}   flash attention {flash}"),
         ("offload", offload),
-        ("batch", f"n_ubatch {s.n_ubatch}, n_batch {s.n_batch}, swa_full {'on' if s.swa_full else 'off'}"),
+        ("batch", f"n_ubatch {s.n_ubatch}, n_batch {s.n_batch}, swa_full {swa_full}"),
     ]  # fmt: skip
     return "Chosen\n" + "\n".join(f"  {name:<9} {value}" for name, value in rows)
 
 
+def _offload_text(plan: Plan) -> str:
+    s, full = plan.settings, plan.full_offload_layers
+    if not plan.hardware.has_gpu:
+        return "everything on the CPU"
+    text = f"{min(s.n_gpu_layers, full)}/{full} layers on the GPU"
+    if s.n_cpu_moe:
+        text += f", experts of {s.n_cpu_moe} blocks on the CPU"
+    return text
+
+
 def _memory(plan: Plan) -> str:
-    header = f"  {'device':<24} {'':<{BAR_WIDTH}}  {'weights':>10} {'KV':>10} {'compute':>10} {'overhead':>10} {'total':>10} {'budget':>10}"
+    columns = ("weights", "KV", "compute", "overhead", "total", "budget")
+    header = f"  {'device':<{NAME_WIDTH}} {'':<{BAR_WIDTH}} " + " ".join(
+        f"{c:>10}" for c in columns
+    )
     lines = ["Memory   (█ weights ▓ KV ▒ compute/recurrent ░ overhead · free)", header]
     for device in reversed(plan.memory.devices):  # GPUs first
         lines.append(_device_line(device))
@@ -58,19 +72,24 @@ def _memory(plan: Plan) -> str:
 
 
 def _device_line(device: DeviceMemory) -> str:
-    name = f"{device.name} {device.label}"[:24]
+    label = device.label.split(" (profile")[0]
+    name = f"{device.name} {label}"[:NAME_WIDTH]
     kv = device.kv_bytes + device.recurrent_bytes
-    cells = [format_size(v) for v in (device.weights_bytes, kv, device.compute_bytes, device.overhead_bytes)]
+    cells = [
+        format_size(v)
+        for v in (device.weights_bytes, kv, device.compute_bytes, device.overhead_bytes)
+    ]
     used = 100 * device.total_bytes / max(device.budget_bytes, 1)
+    cells += [format_size(device.total_bytes), format_size(device.budget_bytes)]
     return (
-        f"  {name:<24} {memory_bar(device)}  "
+        f"  {name:<{NAME_WIDTH}} {memory_bar(device)} "
         + " ".join(f"{c:>10}" for c in cells)
-        + f" {format_size(device.total_bytes):>10} {format_size(device.budget_bytes):>10} {used:4.0f}%"
+        + (f" {used:4.0f}%")
     )
 
 
 def memory_bar(device: DeviceMemory, width: int = BAR_WIDTH) -> str:
-    """A stacked bar of the device's budget; over budget it is scaled to the total and ends in '!'."""
+    """A stacked bar of the device's budget; over budget it spans the total and ends in '!'."""
     values = {
         "weights": device.weights_bytes,
         "KV": device.kv_bytes,
@@ -90,9 +109,7 @@ def memory_bar(device: DeviceMemory, width: int = BAR_WIDTH) -> str:
 
 def _capacity(plan: Plan) -> str:
     s = plan.settings
-    where = "all layers on the GPU" if plan.hardware.has_gpu and s.n_gpu_layers > 0 else "as offloaded"
-    if not plan.hardware.has_gpu:
-        where = "on the CPU"
+    where = _offload_text(plan)
     lines = [
         f"Capacity per slot ({s.n_parallel} slot(s), {s.quant}, {where}, n_ubatch {s.n_ubatch})",
         f"  {'KV K/V':<12} {'max context':>12} {'memory allows':>14}",
@@ -107,14 +124,18 @@ def _capacity_line(row: CapacityRow) -> str:
         return f"  {pair:<12} {'—':>12} {'—':>14}   {row.note}"
     mark = "   ← chosen" if row.chosen else ""
     note = f"   ({row.note})" if row.note else ""
-    return f"  {pair:<12} {row.max_ctx:>12} {row.max_ctx_memory:>14}{mark}{note}"
+    memory = f"{row.max_ctx_memory}"
+    if row.max_ctx_memory >= CAPACITY_LIMIT_TOKENS:
+        memory = f"≥{CAPACITY_LIMIT_TOKENS}"
+    return f"  {pair:<12} {row.max_ctx:>12} {memory:>14}{mark}{note}"
 
 
 def _predicted(plan: Plan) -> str:
     p = plan.predicted
     return (
         f"Predicted  {p.decode_tok_s:.0f} tok/s decode at {p.context_fill} tokens of context "
-        f"({p.decode_tok_s_full_context:.0f} with the slot full), {p.prefill_tok_s:.0f} tok/s prefill"
+        f"({p.decode_tok_s_full_context:.0f} with the slot full), "
+        f"{p.prefill_tok_s:.0f} tok/s prefill"
         f"\n           basis: {p.basis} — {p.detail}"
     )
 

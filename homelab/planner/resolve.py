@@ -41,7 +41,9 @@ def resolve_model(name: str, quant: str | None = None) -> list[ModelInfo]:
 
 def _local_variants(path: Path, quant: str | None) -> list[ModelInfo]:
     if not path.exists():
-        raise ModelFileError(path, "file not found", hint="Check the path, or give a catalogue name.")
+        raise ModelFileError(
+            path, "file not found", hint="Check the path, or give a catalogue name."
+        )
     variants = [read_model(path)]
     for sibling in sibling_quants(path):
         try:

@@ -64,7 +64,7 @@ def flash_attn_problem(model: ModelInfo, hardware: Hardware) -> str | None:
         ok = (k, v) in CUDA_FA_MLA_SIZES
     else:
         v = model.head_dim_v
-        ok = k == v and k in CUDA_FA_HEAD_SIZES or _wide_gqa_ok(model, k, v)
+        ok = (k == v and k in CUDA_FA_HEAD_SIZES) or _wide_gqa_ok(model, k, v)
     if ok:
         return None
     return f"CUDA has no flash-attention kernel for head size {k}/{v}"
@@ -74,7 +74,7 @@ def _wide_gqa_ok(model: ModelInfo, k: int, v: int) -> bool:
     """DeepSeek-style 192/128 and 320/256 heads run only with large GQA ratios."""
     n_head_kv = max(model.n_head_kv) or 1
     ratio = model.n_head[0] // n_head_kv
-    return (k, v) == (192, 128) and ratio % 8 == 0 or (k, v) == (320, 256) and ratio % 32 == 0
+    return ((k, v) == (192, 128) and ratio % 8 == 0) or ((k, v) == (320, 256) and ratio % 32 == 0)
 
 
 def kv_pair_problem(
@@ -91,7 +91,10 @@ def kv_pair_problem(
         block = CACHE_TYPE_BLOCKS[cache_type][0]
         bad = [d for d in geometry.head_dims if d % block]
         if bad:
-            return f"{cache_type} needs head sizes that are multiples of {block} (this model: {bad[0]})"
+            return (
+                f"{cache_type} needs head sizes that are multiples of {block} "
+                f"(this model: {bad[0]})"
+            )
     if hardware.has_gpu and "iq4_nl" in pair:
         return "CUDA has no flash-attention kernel for iq4_nl caches"
     if hardware.has_gpu and flash_attn and not set(pair) <= CUDA_FA_CACHE_TYPES:

@@ -44,6 +44,8 @@ DEFAULT_THROUGHPUT_CONTEXT = 4096
 MAX_SLOTS = 64
 DEFAULT_UBATCHES = (512, 256)
 PARTIAL_OFFLOAD_MIN_SPEED_SHARE = 0.75  # longer context may cost at most 25% of decode speed
+KV_SPEED_TOLERANCE = 0.95  # partial offload: a better KV type may cost up to 5% of speed
+FALLBACK_MIN_SPEED_SHARE = 0.5  # a partially offloaded quant must keep half the fastest's speed
 CAPACITY_LIMIT_TOKENS = 1 << 20
 
 
@@ -104,9 +106,12 @@ class Search:
 
     def __init__(self, models: Sequence[ModelInfo], hardware: Hardware, request: PlanRequest):
         if request.goal not in GOALS:
-            raise PlanError(f"Unknown goal {request.goal!r}.", hint=f"Use one of {', '.join(GOALS)}.")
+            raise PlanError(
+                f"Unknown goal {request.goal!r}.", hint=f"Use one of {', '.join(GOALS)}."
+            )
         self.hardware = hardware
         self.request = request
+        self.models = list(models)
         self.candidates = [MemoryModel(m) for m in select_quant(models, request.quant)]
         self.all_quants = [m.file_type for m in order_by_quality(models)]
         self.reasons: list[str] = []
@@ -121,12 +126,18 @@ class Search:
     def pairs(self, memory: MemoryModel) -> list[KvPair]:
         """The KV pairs allowed for this model, best first."""
         if self.request.kv is not None:
-            problem = kv_pair_problem(memory.model, self.hardware, self.request.kv, self.flash_attn(memory))
+            problem = kv_pair_problem(
+                memory.model, self.hardware, self.request.kv, self.flash_attn(memory)
+            )
             if problem:
                 raise PlanError(f"--kv {kv_label(self.request.kv)} cannot be used: {problem}.")
             return [self.request.kv]
         flash = self.flash_attn(memory)
-        allowed = [p for p in DEFAULT_KV_PAIRS if not kv_pair_problem(memory.model, self.hardware, p, flash)]
+        allowed = [
+            p
+            for p in DEFAULT_KV_PAIRS
+            if not kv_pair_problem(memory.model, self.hardware, p, flash)
+        ]
         return sorted(allowed, key=kv_quality, reverse=True)
 
     def ubatches(self) -> tuple[int, ...]:
@@ -175,7 +186,10 @@ class Search:
 
     def max_ctx(self, memory: MemoryModel, settings: Settings, cap: int) -> int:
         """The longest per-slot context (a multiple of 256, at most ``cap``) that fits; 0: none."""
-        return CTX_PAD * _largest(1, pad(cap) // CTX_PAD, lambda k: self.fits(memory, self.with_ctx(settings, k * CTX_PAD)))
+        most = max(cap // CTX_PAD, 1)  # never past the cap (llama.cpp pads n_ctx up to 256)
+        return CTX_PAD * _largest(
+            1, most, lambda k: self.fits(memory, self.with_ctx(settings, k * CTX_PAD))
+        )
 
     def max_slots(self, memory: MemoryModel, settings: Settings) -> int:
         return _largest(1, MAX_SLOTS, lambda n: self.fits(memory, self.with_slots(settings, n)))
@@ -188,11 +202,15 @@ class Search:
             return None
         trunk = memory.geometry.n_layer_trunk
         if memory.model.is_moe and self.request.n_cpu_moe is None:
-            n = _smallest(1, trunk, lambda k: self._gpu_fits(memory, replace(settings, n_cpu_moe=k)))
+            n = _smallest(
+                1, trunk, lambda k: self._gpu_fits(memory, replace(settings, n_cpu_moe=k))
+            )
             if n and self.fits(memory, replace(settings, n_cpu_moe=n)):
                 return replace(settings, n_cpu_moe=n)
         top = memory.full_offload_layers - 1
-        ngl = _largest(0, top, lambda k: self._gpu_fits(memory, replace(settings, n_gpu_layers=k)), empty=-1)
+        ngl = _largest(
+            0, top, lambda k: self._gpu_fits(memory, replace(settings, n_gpu_layers=k)), empty=-1
+        )
         if ngl >= 0 and self.fits(memory, replace(settings, n_gpu_layers=ngl)):
             return replace(settings, n_gpu_layers=ngl)
         return None
@@ -202,7 +220,9 @@ class Search:
         return all(d.fits for d in estimate.devices if d.kind == "gpu")
 
     def decode_tok_s(self, choice: Choice) -> float:
-        return roofline_decode_tok_s(choice.memory, choice.settings, self.hardware, min(choice.settings.n_ctx_per_slot, 4096))
+        return roofline_decode_tok_s(
+            choice.memory, choice.settings, self.hardware, min(choice.settings.n_ctx_per_slot, 4096)
+        )
 
     # --- goals ------------------------------------------------------------------------
 
@@ -213,7 +233,11 @@ class Search:
         return self.request.parallel or 1
 
     def run(self) -> SearchResult:
-        goal = {"context": self.goal_context, "quality": self.goal_quality, "throughput": self.goal_throughput}
+        goal = {
+            "context": self.goal_context,
+            "quality": self.goal_quality,
+            "throughput": self.goal_throughput,
+        }
         choice = goal[self.request.goal]() or self.partial_offload()
         if choice is None:
             raise self.failure()
@@ -245,8 +269,8 @@ class Search:
                     settings = self.with_ctx(self.base(memory, pair, self.slots(), n_ubatch), ctx)
                     if self.fits(memory, settings):
                         self.reasons.append(
-                            f"goal quality: the best quant and KV type that hold {settings.n_ctx_per_slot} "
-                            f"tokens per slot with every layer on the GPU"
+                            "goal quality: the best quant and KV type that hold "
+                            f"{settings.n_ctx_per_slot} tokens per slot with every layer on the GPU"
                         )
                         return self.evaluate(memory, settings)
         return None
@@ -265,32 +289,54 @@ class Search:
                     options.append((settings.n_parallel, kv_quality(pair), settings))
                 if options:
                     slots, _, settings = max(options, key=lambda o: (o[0], o[1]))
+                    most = (
+                        "" if self.request.parallel else f" (the most that fit, up to {MAX_SLOTS})"
+                    )
                     self.reasons.append(
-                        f"goal throughput: {slots} slots × {settings.n_ctx_per_slot} tokens fit with "
-                        "every layer on the GPU" + ("" if self.request.parallel else f" (the most that fit, up to {MAX_SLOTS})")
+                        f"goal throughput: {slots} slots × {settings.n_ctx_per_slot} tokens fit "
+                        f"with every layer on the GPU{most}"
                     )
                     return self.evaluate(memory, settings)
         return None
 
     def partial_offload(self) -> Choice | None:
-        """Nothing fits with every layer on the GPU: keep the least on the CPU."""
-        for memory in self.candidates:
-            ctx = self.fallback_ctx(memory)
-            options = []
-            for pair in self.pairs(memory):
-                for n_ubatch in self.ubatches():
-                    base = self.with_ctx(self.base(memory, pair, self.slots(), n_ubatch), ctx)
-                    settings = self.offload_to_fit(memory, base)
-                    if settings is not None:
-                        choice = self.evaluate(memory, settings)
-                        options.append((self.decode_tok_s(choice), kv_quality(pair), choice))
-                        break
-            if options:
-                speed, _, choice = max(options, key=lambda o: (o[0], o[1]))
-                if self.hardware.has_gpu:
-                    self.reasons.append(self.offload_note(choice, speed))
-                return choice
-        return None
+        """Nothing fits with every layer on the GPU: keep the least on the CPU.
+
+        Per quant, the KV type that keeps the most on the GPU; across quants, the best quant
+        that keeps at least half the decode speed of the fastest one (Q8_0 with most layers on
+        the CPU is rarely what anyone wants).
+        """
+        best_per_quant = [option for option in map(self.best_offload, self.candidates) if option]
+        if not best_per_quant:
+            return None
+        fastest = max(speed for speed, _ in best_per_quant)
+        speed, choice = next(
+            o for o in best_per_quant if o[0] >= FALLBACK_MIN_SPEED_SHARE * fastest
+        )
+        if self.hardware.has_gpu:
+            self.reasons.append(self.offload_note(choice, speed, fastest))
+        return choice
+
+    def best_offload(self, memory: MemoryModel) -> tuple[float, Choice] | None:
+        ctx = self.fallback_ctx(memory)
+        options = []
+        for pair in self.pairs(memory):
+            for n_ubatch in self.ubatches():
+                base = self.with_ctx(self.base(memory, pair, self.slots(), n_ubatch), ctx)
+                settings = self.offload_to_fit(memory, base)
+                if settings is not None:
+                    choice = self.evaluate(memory, settings)
+                    options.append((self.decode_tok_s(choice), kv_quality(pair), choice))
+                    break
+        if not options:
+            return None
+        # the best KV type within 5% of the fastest: a smaller cache that buys one more GPU
+        # layer is not worth its quality cost
+        fastest = max(o[0] for o in options)
+        speed, _, choice = max(
+            (o for o in options if o[0] >= KV_SPEED_TOLERANCE * fastest), key=lambda o: o[1]
+        )
+        return speed, choice
 
     def fallback_ctx(self, memory: MemoryModel) -> int:
         if self.request.ctx:
@@ -304,8 +350,15 @@ class Search:
         self, choice: Choice, options: list[tuple[int, float, Settings]], cap: int, minimum: int
     ) -> None:
         settings = choice.settings
-        reach = ", ".join(f"{kv_label((s.type_k, s.type_v))} {ctx}" for ctx, _, s in sorted(options, key=lambda o: -o[1]))
-        limit = "the model's trained context" if settings.n_ctx_per_slot >= self.trained_ctx(choice.memory) else "what memory allows"
+        reach = ", ".join(
+            f"{kv_label((s.type_k, s.type_v))} {ctx}"
+            for ctx, _, s in sorted(options, key=lambda o: -o[1])
+        )
+        limit = (
+            "the model's trained context"
+            if settings.n_ctx_per_slot >= self.trained_ctx(choice.memory)
+            else "what memory allows"
+        )
         self.reasons.append(
             f"goal context: {settings.n_ctx_per_slot} tokens per slot is {limit} "
             f"(reachable per KV type: {reach}; minimum asked: {minimum})"
@@ -314,7 +367,11 @@ class Search:
     def maybe_trade_speed_for_context(self, choice: Choice, cap: int) -> Choice:
         """If the trained context needs layers on the CPU, take it only when it stays fast."""
         settings = choice.settings
-        if not self.hardware.has_gpu or settings.n_ctx_per_slot >= cap or self.request.n_gpu_layers is not None:
+        if (
+            not self.hardware.has_gpu
+            or settings.n_ctx_per_slot >= cap
+            or self.request.n_gpu_layers is not None
+        ):
             return choice
         longer = self.offload_to_fit(choice.memory, self.with_ctx(settings, cap))
         if longer is None:
@@ -339,43 +396,79 @@ class Search:
         full = choice.memory.full_offload_layers
         if settings.n_gpu_layers < full:
             return f"{full - settings.n_gpu_layers} of {full} layers"
-        return f"the experts of {settings.n_cpu_moe} of {choice.memory.geometry.n_layer_trunk} layers"
+        return (
+            f"the experts of {settings.n_cpu_moe} of {choice.memory.geometry.n_layer_trunk} layers"
+        )
 
-    def offload_note(self, choice: Choice, speed: float) -> str:
+    def offload_note(self, choice: Choice, speed: float, fastest: float) -> str:
+        faster = (
+            "" if speed >= fastest else f"; the fastest smaller quant would reach {fastest:.1f}"
+        )
         return (
             f"nothing fits with every layer on the GPU, so {self.describe_offload(choice)} stay on "
-            f"the CPU (predicted decode {speed:.0f} tok/s; a smaller quant or a shorter context "
-            "would keep them on the GPU)"
+            f"the CPU: predicted decode {speed:.1f} tok/s{faster}; the context stays at "
+            f"{choice.settings.n_ctx_per_slot} tokens, since more would move more to the CPU"
         )
 
     # --- failure ------------------------------------------------------------------------
 
     def failure(self) -> PlanError:
         memory = self.candidates[-1]  # the smallest quant allowed
-        pair = self.pairs(memory)[-1] if self.pairs(memory) else ("f16", "f16")
-        settings = self.with_ctx(self.base(memory, pair, self.slots(), self.ubatches()[-1]), self.fallback_ctx(memory))
-        if self.hardware.has_gpu and self.request.n_gpu_layers is None:
-            settings = replace(settings, n_gpu_layers=0)  # even with everything on the CPU
-        estimate = memory.estimate(settings, self.hardware)
-        over = [d for d in estimate.devices if not d.fits] or [estimate.tightest]
-        device = over[0]
-        needs = (
-            f"{memory.model.name} {memory.model.file_type} with {kv_label(pair)} KV, "
-            f"{settings.n_parallel} slot(s) × {settings.n_ctx_per_slot} tokens needs "
-            f"{_gib(device.total_bytes)} on {device.name} ({device.label}; budget {_gib(device.budget_bytes)}): "
-            f"weights {_gib(device.weights_bytes)}, KV {_gib(device.kv_bytes)}, "
-            f"compute {_gib(device.compute_bytes)}, overhead {_gib(device.overhead_bytes)}."
+        pairs = self.pairs(memory)
+        pair = pairs[-1] if pairs else ("f16", "f16")
+        settings = self.with_ctx(
+            self.base(memory, pair, self.slots(), self.ubatches()[-1]), self.fallback_ctx(memory)
         )
-        return PlanError(f"Nothing fits. {needs}", hint=self.what_would_fit(memory, pair))
+        what = (
+            f"{memory.model.name} {memory.model.file_type} with {kv_label(pair)} KV and "
+            f"{settings.n_parallel} slot(s) × {settings.n_ctx_per_slot} tokens"
+        )
+        lines = [f"Nothing fits: {what}."]
+        lines.append(
+            self.shortfall(
+                memory, settings, "with every layer on the GPU" if self.hardware.has_gpu else ""
+            )
+        )
+        if self.hardware.has_gpu and self.request.n_gpu_layers is None:
+            lines.append(
+                self.shortfall(
+                    memory, replace(settings, n_gpu_layers=0), "with every layer on the CPU"
+                )
+            )
+        return PlanError(" ".join(lines), hint=self.what_would_fit(memory, pair))
+
+    def shortfall(self, memory: MemoryModel, settings: Settings, how: str) -> str:
+        estimate = memory.estimate(settings, self.hardware)
+        device = min(estimate.devices, key=lambda d: d.headroom_bytes)
+        subject = f"{how[:1].upper()}{how[1:]}, it" if how else "It"
+        return (
+            f"{subject} needs {_gib(device.total_bytes)} on "
+            f"{device.name} ({device.label}, budget {_gib(device.budget_bytes)}): weights "
+            f"{_gib(device.weights_bytes)}, KV {_gib(device.kv_bytes)}, compute "
+            f"{_gib(device.compute_bytes)}, overhead {_gib(device.overhead_bytes)}."
+        )
 
     def what_would_fit(self, memory: MemoryModel, pair: KvPair) -> str:
         base = self.base(memory, pair, 1, self.ubatches()[-1])
         ctx = self.max_ctx(memory, base, self.trained_ctx(memory))
         if ctx:
-            return f"What fits: {memory.model.file_type} with {kv_label(pair)} KV holds {ctx} tokens in one slot."
-        if self.request.quant is not None and len(self.all_quants) > 1:
-            return f"Try another quant (available: {', '.join(self.all_quants)}) or more memory."
-        return "Even the smallest context does not fit: use a smaller model, a smaller quant or more memory."
+            return (
+                f"What fits: {memory.model.file_type} with {kv_label(pair)} KV holds {ctx} "
+                "tokens in one slot."
+            )
+        relaxed = replace(self.request, quant=None, kv=None, ctx=None, parallel=None)
+        if relaxed != self.request and len(self.models) > 0:
+            try:
+                result = Search(self.models, self.hardware, relaxed).run()
+            except PlanError:
+                pass
+            else:
+                s = result.choice.settings
+                return (
+                    f"What fits without the fixed knobs: {s.quant} with {s.type_k}/{s.type_v} KV, "
+                    f"{s.n_parallel} slot(s) × {s.n_ctx_per_slot} tokens."
+                )
+        return "Even the smallest context does not fit: use a smaller model or more memory."
 
 
 def _largest(low: int, high: int, ok: Callable[[int], bool], empty: int = 0) -> int:
