@@ -10,6 +10,7 @@ naming what failed and what to do.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,10 @@ MAX_JSON_BYTES = 32 << 20  # a repo listing of 10,000 files is ~3 MB
 MAX_ERROR_BODY_BYTES = 64 << 10
 DEADLINE_FACTOR = 6  # overall deadline of one call = timeout x this
 SEARCH_FIELDS = ("downloads", "likes", "lastModified", "tags")
+# what the hub's ids look like; anything else is refused (they become file names on disk)
+COMMIT_RE = re.compile(r"[0-9a-f]{40}")
+GIT_ID_RE = re.compile(r"[0-9a-f]{40}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,13 @@ class HubUnavailableError(HubError):
     """The hub could not be reached, timed out, or failed on its side: worth retrying."""
 
 
+class HubOfflineError(HubUnavailableError):
+    """HF_HUB_OFFLINE is set and what was asked needs the hub."""
+
+
 def require_online(settings: HubSettings, what: str) -> None:
     if settings.offline:
-        raise HubError(
+        raise HubOfflineError(
             f"HF_HUB_OFFLINE is set, so homelab will not contact the hub to {what}.",
             hint="Unset HF_HUB_OFFLINE, or use a model that is already downloaded "
             "(`homelab models`).",
@@ -228,20 +237,28 @@ def repo_listing(settings: HubSettings, repo_id: str, revision: str = "main") ->
             f"The hub's file listing for {repo_id} is malformed ({exc!r}).",
             hint="Check HF_ENDPOINT points at the hub.",
         ) from exc
-    if not info.sha:
+    if not isinstance(info.sha, str) or not COMMIT_RE.fullmatch(info.sha):
         raise HubError(
-            f"The hub did not say which commit {repo_id} is at.",
+            f"The hub did not say which commit {repo_id} is at (got {info.sha!r}).",
             hint="Check HF_ENDPOINT points at the hub.",
         )
-    return RepoListing(repo_id, info.sha, group_entries(files), projector_files(files))
+    safe = [f for f in files if is_safe_repo_path(f.path)]  # names become paths on disk
+    return RepoListing(repo_id, info.sha, group_entries(safe), projector_files(safe))
+
+
+def is_safe_repo_path(path: str) -> bool:
+    """A relative path inside the repo: no '..', no absolute path, no backslash, NUL or ':'."""
+    parts = path.split("/")
+    odd = any(char in path for char in ("\\", "\x00", ":"))
+    return bool(path) and not odd and not any(p in ("", ".", "..") for p in parts)
 
 
 def _remote_file(sibling: Any) -> RemoteFile:
     lfs = sibling.lfs
     size = sibling.size if sibling.size is not None else (lfs.size if lfs else 0)
-    return RemoteFile(
-        sibling.rfilename, int(size or 0), lfs.sha256 if lfs else None, sibling.blob_id
-    )
+    sha256 = lfs.sha256 if lfs and SHA256_RE.fullmatch(str(lfs.sha256)) else None
+    blob_id = sibling.blob_id if GIT_ID_RE.fullmatch(str(sibling.blob_id)) else None
+    return RemoteFile(str(sibling.rfilename), int(size or 0), sha256, blob_id)
 
 
 def file_url(settings: HubSettings, repo_id: str, commit: str, path: str) -> str:

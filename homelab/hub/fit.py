@@ -1,8 +1,9 @@
 """How a model fits this machine, as one line for listings (``homelab models``, the picker).
 
-A thin adapter over the planner: it plans each model for the detected hardware and keeps
-what a listing shows. When the planner is not available it reports nothing (None), so
-listing models never fails because planning does.
+A thin adapter over the planner: each model is planned (memory model only, no dry run) for
+the hardware detected once, and a listing keeps the placement, context and predicted speed.
+A model that does not fit says so, with the ``homelab quantize`` command when it is a
+high-precision file that a smaller quant could make fit.
 """
 
 from __future__ import annotations
@@ -10,23 +11,47 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from homelab.errors import HomelabError, PlanError
 from homelab.gguf.model import ModelInfo
 
 
 @dataclass(frozen=True)
 class Fit:
-    fits: bool  # runs with the model's weights where the plan put them
-    summary: str  # e.g. "GPU, 32,768 ctx, ~41 tok/s" or "no: needs 9.10 GiB"
-    n_ctx: int | None
-    predicted_tok_s: float | None
+    fits: bool
+    summary: str  # e.g. "all on GPU · 32k ctx · 41.0 t/s", or "no — smaller: homelab quantize …"
+    detail: str | None  # the planner's full explanation when it does not fit
+    n_ctx_per_slot: int | None
+    decode_tok_s: float | None
+    quantize_command: str | None  # offered when the file is F16/BF16/Q8_0 and does not fit
 
 
-def fits_on_this_machine(models: Sequence[ModelInfo | None]) -> list[Fit | None]:
-    planner = _planner()
-    if planner is None:
+def fits_on_this_machine(
+    models: Sequence[ModelInfo | None], hardware: object | None = None
+) -> list[Fit | None]:
+    """One Fit per model (None for unreadable models), planned on ``hardware`` or this machine."""
+    from homelab.planner.budget import Hardware, resolve_hardware
+
+    if not any(models):
         return [None] * len(models)
-    return [planner(model) if model is not None else None for model in models]
+    target = hardware if isinstance(hardware, Hardware) else resolve_hardware()
+    return [None if model is None else fit_for(model, target) for model in models]
 
 
-def _planner():  # type: ignore[no-untyped-def]
-    return None
+def fit_for(model: ModelInfo, hardware: object) -> Fit:
+    from homelab.hub.local_quantize import quantize_suggestion
+    from homelab.hub.matrix import placement, speed_label, tokens_label
+    from homelab.planner.plan import plan_model
+    from homelab.planner.search import PlanRequest
+
+    try:
+        plan = plan_model(model, hardware, PlanRequest(), verify=False)  # type: ignore[arg-type]
+    except PlanError as error:
+        command = quantize_suggestion(model)
+        advice = f" — smaller: {command}" if command else ""
+        return Fit(False, f"does not fit{advice}", str(error), None, None, command)
+    except HomelabError as error:  # an odd model the planner cannot handle: list it anyway
+        return Fit(False, "cannot plan", str(error), None, None, None)
+    ctx = plan.settings.n_ctx_per_slot
+    speed = plan.predicted.decode_tok_s
+    summary = f"{placement(plan)} · {tokens_label(ctx)} ctx · {speed_label(speed)}"
+    return Fit(plan.fits, summary, None, ctx, speed, None)

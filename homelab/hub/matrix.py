@@ -121,14 +121,14 @@ def _row(
         entry.quant,
         entry.total_bytes,
         plan.fits,
-        _placement(plan),
+        placement(plan),
         _cells(plan, model, hardware),
         None,
         model.source == best_source,
     )
 
 
-def _placement(plan: Plan) -> str:
+def placement(plan: Plan) -> str:
     if not plan.hardware.has_gpu or plan.settings.n_gpu_layers == 0:
         return "CPU"
     full = plan.full_offload_layers
@@ -199,13 +199,13 @@ def _render_row(row: MatrixRow, n_kv: int) -> list[str]:
 def _render_cell(cell: MatrixCell) -> str:
     if cell.max_ctx <= 0:
         return "no" if cell.note is None else "n/a"
-    speed = "" if cell.decode_tok_s is None else f" · {_speed(cell.decode_tok_s)}"
-    return f"{_tokens(cell.max_ctx)}{speed}"
+    speed = "" if cell.decode_tok_s is None else f" · {speed_label(cell.decode_tok_s)}"
+    return f"{tokens_label(cell.max_ctx)}{speed}"
 
 
-def _tokens(n: int) -> str:
+def tokens_label(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
 
 
-def _speed(tok_s: float) -> str:
+def speed_label(tok_s: float) -> str:
     return f"{tok_s:.1f} t/s" if tok_s < 100 else f"{tok_s:,.0f} t/s"

@@ -33,11 +33,17 @@ from homelab.hub.client import (
     repo_listing,
 )
 from homelab.hub.progress import ProgressSink, SilentProgress
-from homelab.hub.quants import GgufEntry, ModelRef, RemoteFile, group_entries, select_entry
+from homelab.hub.quants import (
+    GgufEntry,
+    ModelRef,
+    RemoteFile,
+    group_entries,
+    parse_model_ref,
+    select_entry,
+)
 from homelab.hub.settings import HubSettings, hub_settings
 from homelab.locations import data_dir
 
-WRITE_CHUNK_BYTES = 1 << 20
 HASH_CHUNK_BYTES = 8 << 20
 MAX_STALLED_RETRIES = 4  # retries in a row that bring no new byte
 RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -98,6 +104,14 @@ def pull(
     )
 
 
+def pull_by_name(name: str, *, progress: ProgressSink | None = None) -> PulledModel:
+    """``pull`` for ``ORG/NAME:QUANT`` as typed (the TUI's picker pulls through this)."""
+    ref = parse_model_ref(name)
+    if ref is None:
+        raise HubError(f"{name!r} is not a hub repo name.", hint="Use ORG/NAME:QUANT.")
+    return pull(ref, progress=progress)
+
+
 def choose_entry(listing: RepoListing, selector: str | None) -> GgufEntry:
     if selector:
         return select_entry(listing.repo_id, listing.entries, selector)
@@ -112,7 +126,7 @@ def choose_entry(listing: RepoListing, selector: str | None) -> GgufEntry:
     raise HubError(
         f"{listing.repo_id} has several GGUF files ({quants}); say which one.",
         hint=f"e.g. `homelab pull {listing.repo_id}:{listing.entries[-1].label}`; "
-        f"`homelab plan {listing.repo_id}` shows which fit this machine.",
+        f"`homelab search {listing.repo_id} --plan` shows which fit this machine.",
     )
 
 
@@ -225,14 +239,11 @@ def _download_verified(
 ) -> int:
     partial = blob.with_name(blob.name + cache.PARTIAL_SUFFIX)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    fetched = _download(
-        settings,
-        file_url(settings, listing.repo_id, listing.commit, remote.path),
-        partial,
-        remote,
-        sink,
-    )
-    problem = verification_problem(partial, remote, sink)
+    url = file_url(settings, listing.repo_id, listing.commit, remote.path)
+    digest = RunningDigest(remote)
+    fetched = _download(settings, url, partial, digest, sink)
+    digest.catch_up(partial, None)
+    problem = digest.problem(_size(partial))
     if problem is not None:
         partial.unlink(missing_ok=True)
         raise HubError(
@@ -264,9 +275,10 @@ def _require_disk(folder: Path, needed_bytes: int, label: str) -> None:
 
 
 def _download(
-    settings: HubSettings, url: str, partial: Path, remote: RemoteFile, sink: ProgressSink
+    settings: HubSettings, url: str, partial: Path, digest: RunningDigest, sink: ProgressSink
 ) -> int:
     """Fill ``partial`` up to the file's size, resuming on dropped connections; bytes fetched."""
+    remote = digest.remote
     start_bytes = _size(partial)
     if start_bytes > remote.size_bytes:
         partial.unlink()
@@ -274,13 +286,14 @@ def _download(
     _require_disk(partial.parent, remote.size_bytes - start_bytes, remote.path)
     if start_bytes:
         sink.note(f"resuming {remote.path} at {start_bytes / 2**20:.1f} MiB")
+        digest.catch_up(partial, sink)  # the kept bytes count towards the checksum
     sink.start(remote.path, remote.size_bytes, start_bytes)
     stalls = 0
     try:
         while _size(partial) < remote.size_bytes or not partial.exists():
             before = _size(partial)
             try:
-                _stream_once(settings, url, partial, remote, sink)
+                _stream_once(settings, url, partial, digest, sink)
             except HubUnavailableError as error:
                 stalls = 0 if _size(partial) > before else stalls + 1
                 if stalls > MAX_STALLED_RETRIES:
@@ -302,23 +315,31 @@ def _stalled(remote: RemoteFile, partial: Path, error: HubError) -> HubError:
 
 
 def _stream_once(
-    settings: HubSettings, url: str, partial: Path, remote: RemoteFile, sink: ProgressSink
+    settings: HubSettings, url: str, partial: Path, digest: RunningDigest, sink: ProgressSink
 ) -> None:
+    remote = digest.remote
     have = _size(partial)
+    digest.catch_up(partial, None)  # bytes a failed write left on disk
     what = f"download {remote.path}"
     with open_range(
         settings, url, have, None, timeout_s=settings.download_timeout_s, what=what
     ) as response:
-        if response.status_code == 416:  # we hold more than the server has: start over
+        if response.status_code == 416:  # the server's file ends before the size listed
             partial.unlink(missing_ok=True)
-            raise HubUnavailableError(f"Cannot {what}: the server refused to resume.")
+            served = response.headers.get("Content-Range", "").rpartition("/")[2] or "fewer"
+            raise HubError(
+                f"Cannot {what}: the server has {served} bytes of it, the hub lists "
+                f"{remote.size_bytes:,}; the partial download was deleted.",
+                hint="The hub's copy or a proxy is broken; try again later.",
+            )
         if response.status_code == 200 and have:
             sink.note("the server cannot resume; starting over")
             sink.advance(-have)
+            digest.reset()
             have = 0
         elif response.status_code != 200:
             _check_resume_range(response, have, what)
-        _write_body(response, partial, have, remote, sink)
+        _write_body(response, partial, have, digest, sink)
 
 
 def _check_resume_range(response: httpx2.Response, have: int, what: str) -> None:
@@ -331,57 +352,87 @@ def _check_resume_range(response: httpx2.Response, have: int, what: str) -> None
 
 
 def _write_body(
-    response: httpx2.Response, partial: Path, have: int, remote: RemoteFile, sink: ProgressSink
+    response: httpx2.Response, partial: Path, have: int, digest: RunningDigest, sink: ProgressSink
 ) -> None:
+    size = digest.remote.size_bytes
     with partial.open("ab" if have else "wb") as out:
-        for chunk in response.iter_bytes(WRITE_CHUNK_BYTES):
+        for chunk in response.iter_bytes():  # as received: a cut loses nothing buffered
             have += len(chunk)
-            if have > remote.size_bytes:
+            if have > size:
                 out.close()
                 partial.unlink()
                 raise HubError(
-                    f"The server sent more than the {remote.size_bytes:,} bytes "
-                    f"{remote.path} has; the download was deleted.",
+                    f"The server sent more than the {size:,} bytes {digest.remote.path} has; "
+                    "the download was deleted.",
                     hint="Check HF_ENDPOINT and any proxy in between.",
                 )
             out.write(chunk)
+            digest.update(chunk)
             sink.advance(len(chunk))
 
 
 # ---- verification -------------------------------------------------------------------------
 
 
-def verification_problem(path: Path, remote: RemoteFile, sink: ProgressSink) -> str | None:
-    """None when ``path`` has the size and checksum the hub lists, else what is wrong."""
-    size = _size(path)
-    if size != remote.size_bytes:
-        return f"size is {size:,} bytes, the hub lists {remote.size_bytes:,}"
-    if remote.sha256:
-        digest = _digest(path, hashlib.sha256(), b"", remote.path, sink)
-        expected = remote.sha256.lower()
-        kind = "sha256"
-    else:  # a non-LFS file: the git blob id is sha1 over "blob <size>\0" + content
-        digest = _digest(path, hashlib.sha1(), b"blob %d\0" % size, remote.path, sink)
-        expected = (remote.blob_id or "").lower()
-        kind = "git blob id"
-    if digest != expected:
-        return f"{kind} is {digest[:16]}…, the hub lists {expected[:16]}…"
-    return None
+class RunningDigest:
+    """The checksum the hub lists for a file, computed as the file is written.
 
+    A download is hashed while it arrives, so a 40 GB file is not read a second time; bytes
+    already on disk (a resumed download, a cached blob) are hashed by :meth:`catch_up`.
+    LFS files are checked by sha256; small git files by their git blob id (sha1 over
+    ``"blob <size>"``, a NUL byte, then the content).
+    """
 
-def _digest(
-    path: Path, hasher: hashlib._Hash, prefix: bytes, label: str, sink: ProgressSink
-) -> str:
-    hasher.update(prefix)
-    sink.start(f"verifying {label}", _size(path), 0)
-    try:
+    def __init__(self, remote: RemoteFile) -> None:
+        self.remote = remote
+        self.kind = "sha256" if remote.sha256 else "git blob id"
+        self.expected = (remote.sha256 or remote.blob_id or "").lower()
+        self.reset()
+
+    def reset(self) -> None:
+        if self.remote.sha256:
+            self._hasher = hashlib.sha256()
+        else:
+            self._hasher = hashlib.sha1(b"blob %d\0" % self.remote.size_bytes)
+        self.done_bytes = 0
+
+    def update(self, chunk: bytes) -> None:
+        self._hasher.update(chunk)
+        self.done_bytes += len(chunk)
+
+    def catch_up(self, path: Path, sink: ProgressSink | None) -> None:
+        """Hash what ``path`` holds beyond what was hashed (from the start if it shrank)."""
+        size = _size(path)
+        if size < self.done_bytes:
+            self.reset()
+        if size == self.done_bytes:
+            return
+        if sink is not None:
+            sink.start(f"checking {self.remote.path}", size, self.done_bytes)
         with path.open("rb") as handle:
-            while chunk := handle.read(HASH_CHUNK_BYTES):
-                hasher.update(chunk)
-                sink.advance(len(chunk))
-    finally:
-        sink.finish()
-    return hasher.hexdigest()
+            handle.seek(self.done_bytes)
+            while self.done_bytes < size and (chunk := handle.read(HASH_CHUNK_BYTES)):
+                self.update(chunk[: size - self.done_bytes])
+                if sink is not None:
+                    sink.advance(len(chunk))
+        if sink is not None:
+            sink.finish()
+
+    def problem(self, size: int) -> str | None:
+        """None when ``size`` bytes were hashed and match the hub's checksum."""
+        if size != self.remote.size_bytes:
+            return f"size is {size:,} bytes, the hub lists {self.remote.size_bytes:,}"
+        digest = self._hasher.hexdigest()
+        if self.done_bytes != size or digest != self.expected:
+            return f"{self.kind} is {digest[:16]}…, the hub lists {self.expected[:16]}…"
+        return None
+
+
+def verification_problem(path: Path, remote: RemoteFile, sink: ProgressSink) -> str | None:
+    """None when the file at ``path`` has the size and checksum the hub lists."""
+    digest = RunningDigest(remote)
+    digest.catch_up(path, sink)
+    return digest.problem(_size(path))
 
 
 def _verified_record_path() -> Path:

@@ -81,7 +81,9 @@ class RangeReader:
             )
         data = self._get(start, size)
         self._next_chunk = min(self._next_chunk * 2, MAX_CHUNK_BYTES)
-        self._eof = len(data) < size
+        got = len(data)  # a server may answer a range with less than asked: ask again
+        reached_end = self.file_bytes is None or start + got >= self.file_bytes
+        self._eof = got == 0 or (got < size and reached_end)
         self._buffer = self._buffer[self._position :] + data
         self._position = 0
         self._buffer_end = start + len(data)

@@ -7,12 +7,21 @@ The planner's ``resolve_model`` calls :func:`hub_variants` for names shaped like
 
 from __future__ import annotations
 
-from homelab.errors import HubError
+from pathlib import Path
+
+from homelab.errors import HomelabError, HubError
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
-from homelab.hub.client import RepoListing, repo_listing, require_online
+from homelab.hub import cache
+from homelab.hub.client import (
+    HubOfflineError,
+    HubUnavailableError,
+    RepoListing,
+    repo_listing,
+    require_online,
+)
 from homelab.hub.pull import cached_entries, choose_entry, find_cached
-from homelab.hub.quants import ModelRef, parse_model_ref
+from homelab.hub.quants import GgufEntry, ModelRef, parse_model_ref
 from homelab.hub.remote import remote_model, remote_models
 from homelab.hub.settings import HubSettings, hub_settings
 
@@ -25,18 +34,38 @@ def hub_variants(name: str, quant: str | None = None) -> list[ModelInfo] | None:
     """The quant variants ``name`` stands for, or None when it is not shaped like a repo.
 
     With a quant (``org/name:Q4_K_M`` or ``quant``): that one. Without: every quant the repo
-    has (headers read remotely, in parallel); offline, the downloaded ones.
+    has (headers read remotely, in parallel); offline, the downloaded ones. When the hub
+    cannot be reached and nothing is downloaded, a repo the model catalogue knows gives None
+    too, so the planner falls back to the catalogue.
     """
     ref = parse_model_ref(name)
     if ref is None:
         return None
+    try:
+        return _variants(ref, name, quant)
+    except HubUnavailableError:
+        if ref.selector is None and _in_catalogue(ref.repo_id):
+            return None
+        raise
+
+
+def _variants(ref: ModelRef, name: str, quant: str | None) -> list[ModelInfo]:
     if quant or ref.selector:
         return [resolve_hub_model(name, quant)]
     settings = hub_settings()
     if settings.offline:
         return _cached_models(settings, ref)
-    listing = repo_listing(settings, ref.repo_id)
-    return _all_entries(settings, listing)
+    return _all_entries(settings, repo_listing(settings, ref.repo_id))
+
+
+def _in_catalogue(repo_id: str) -> bool:
+    from homelab.gguf.catalogue import find_model
+
+    try:
+        find_model(repo_id)
+    except HomelabError:
+        return False
+    return True
 
 
 def resolve_hub_model(name: str, quant: str | None = None) -> ModelInfo:
@@ -59,7 +88,7 @@ def _cached_models(settings: HubSettings, ref: ModelRef) -> list[ModelInfo]:
     found = cached_entries(settings, ref.repo_id)
     newest = [c for c in found if c.commit == found[0].commit] if found else []
     if not newest:
-        raise HubError(
+        raise HubOfflineError(
             f"Nothing of {ref} is downloaded, and HF_HUB_OFFLINE is set.",
             hint="Unset HF_HUB_OFFLINE to read the repo's headers from the hub.",
         )
@@ -67,13 +96,26 @@ def _cached_models(settings: HubSettings, ref: ModelRef) -> list[ModelInfo]:
 
 
 def _all_entries(settings: HubSettings, listing: RepoListing) -> list[ModelInfo]:
+    """Every entry: downloaded ones read from disk (the planner can dry-run them), the rest
+    from remote headers."""
     if not listing.entries:
         raise HubError(
             f"{listing.repo_id} has no GGUF model files.",
             hint="Search for a GGUF repo with `homelab search WORDS`.",
         )
-    models = remote_models(settings, listing, listing.entries)
+    local = {e: _downloaded(settings, listing, e) for e in listing.entries}
+    remote = [e for e, path in local.items() if path is None]
+    fetched = dict(zip(remote, remote_models(settings, listing, tuple(remote)), strict=True))
+    models = [read_model(path) if path else fetched[e] for e, path in local.items()]
     readable = [m for m in models if isinstance(m, ModelInfo)]
     if not readable:
         raise next(m for m in models if not isinstance(m, ModelInfo))
     return readable
+
+
+def _downloaded(settings: HubSettings, listing: RepoListing, entry: GgufEntry) -> Path | None:
+    paths = [
+        cache.snapshot_path(settings.cache_dir, listing.repo_id, listing.commit, f.path)
+        for f in entry.files
+    ]
+    return paths[0] if all(p.is_file() for p in paths) else None

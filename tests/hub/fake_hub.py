@@ -71,6 +71,7 @@ class Faults:
     cut_after_bytes: dict[str, int] = field(default_factory=dict)  # sha256 -> cut once at N
     corrupt: set[str] = field(default_factory=set)  # sha256s served with one byte flipped
     truncate_to: dict[str, int] = field(default_factory=dict)  # sha256 -> serve only N bytes
+    gated: set[str] = field(default_factory=set)  # repo ids whose files need an accepted license
     ignore_range: bool = False  # the CDN answers every GET with 200 and the whole file
     cdn_url: str | None = None  # send redirects here instead (e.g. a server that never answers)
 
@@ -224,6 +225,9 @@ class FakeHub:
             return _error(404, "RepoNotFound", "Repository not found")
         if match[2] not in ("main", repo.commit):
             return _error(404, "RevisionNotFound", "Invalid rev id")
+        if repo.repo_id in self.faults.gated:
+            status = 403 if request.headers.get("Authorization") else 401
+            return _error(status, "GatedRepo", "Access to model is restricted.")
         data = repo.files.get(match[3])
         if data is None:
             return _error(404, "EntryNotFound", "Entry not found", commit=repo.commit)

@@ -72,12 +72,15 @@ def test_pull_then_models(
     assert "tiny-Q8_0" in capsys.readouterr().out
 
 
-def test_pull_without_quant_asks_which(
-    hub_env: Path, tiny_repo: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["pull", tiny_repo]) == 1
-    error = capsys.readouterr().err
-    assert "several GGUF files (F16, Q8_0, Q4_0)" in error and f"{tiny_repo}:Q4_0" in error
+def test_library_pull_without_quant_asks_which(hub_env: Path, tiny_repo: str) -> None:
+    """The CLI asks the planner (see test_matrix); the library call wants an explicit choice."""
+    from homelab.errors import HubError
+    from homelab.hub.pull import pull
+    from homelab.hub.quants import ModelRef
+
+    with pytest.raises(HubError, match=r"several GGUF files \(F16, Q8_0, Q4_0\)") as caught:
+        pull(ModelRef(tiny_repo))
+    assert f"{tiny_repo}:Q4_0" in str(caught.value)
 
 
 def test_pull_offline_error_is_immediate(
@@ -91,6 +94,8 @@ def test_pull_offline_error_is_immediate(
     assert main(["pull", f"{tiny_repo}:F16", "--json"]) == 1
     error = json.loads(capsys.readouterr().err)["error"]
     assert error["type"] == "HubError" and "HF_HUB_OFFLINE" in error["message"]
+    assert main(["search", "tiny"]) == 1
+    assert "HF_HUB_OFFLINE is set" in capsys.readouterr().err
     assert fake_hub.requests() == []
 
 

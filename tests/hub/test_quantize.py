@@ -37,7 +37,7 @@ def _loads_in_llama_cpp(path: Path) -> bool:
     return n_params > 0
 
 
-@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K", "Q5_K_M", "Q6_K", "IQ4_XS"])
 def test_quantize_f16_writes_a_loadable_smaller_file_with_provenance(
     f16_source: Path, quant: str
 ) -> None:

@@ -189,3 +189,15 @@ def test_server_ignoring_ranges_still_gives_the_header_without_the_whole_file(
     listing = repo_listing(settings, tiny_repo)
     model = remote_model(settings, listing, select_entry(tiny_repo, listing.entries, "F16"))
     assert model.file_type == "F16"
+
+
+def test_a_hub_cannot_make_homelab_write_outside_the_cache(
+    hub_env: Path, fake_hub: FakeHub, quant_files: dict[str, Path]
+) -> None:
+    data = quant_files["Q4_0"].read_bytes()
+    fake_hub.add_repo("evil/Escape-GGUF", {"../../escape-Q4_0.gguf": data, "ok-Q4_0.gguf": data})
+    listing = repo_listing(hub_settings(), "evil/Escape-GGUF")
+    assert [f.path for e in listing.entries for f in e.files] == ["ok-Q4_0.gguf"]
+    fake_hub.repos["evil/Escape-GGUF"].commit = "../../../tmp/x"
+    with pytest.raises(HubError, match="which commit"):
+        repo_listing(hub_settings(), "evil/Escape-GGUF")
