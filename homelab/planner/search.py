@@ -435,7 +435,8 @@ class Search:
                     memory, replace(settings, n_gpu_layers=0), "with every layer on the CPU"
                 )
             )
-        return PlanError(" ".join(lines), hint=self.what_would_fit(memory, pair))
+        hint = self.what_would_fit(memory, pair) + _quantize_hint(memory.model)
+        return PlanError(" ".join(lines), hint=hint)
 
     def shortfall(self, memory: MemoryModel, settings: Settings, how: str) -> str:
         estimate = memory.estimate(settings, self.hardware)
@@ -469,6 +470,17 @@ class Search:
                     f"{s.n_parallel} slot(s) × {s.n_ctx_per_slot} tokens."
                 )
         return "Even the smallest context does not fit: use a smaller model or more memory."
+
+
+HIGH_PRECISION_TYPES = {"F32", "F16", "BF16", "Q8_0"}
+
+
+def _quantize_hint(model: ModelInfo) -> str:
+    """Offer local quantization when the only file is a high-precision one."""
+    local = not model.source.startswith(("catalogue:", "hf://", "http"))
+    if model.file_type.upper() not in HIGH_PRECISION_TYPES or not local:
+        return ""
+    return f" Or make a smaller file of it locally: homelab quantize {model.source} --to Q4_K_M"
 
 
 def _largest(low: int, high: int, ok: Callable[[int], bool], empty: int = 0) -> int:
