@@ -9,6 +9,7 @@ from __future__ import annotations
 import pkgutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import homelab
 
 PACKAGE_ROOT = Path(homelab.__file__).parent
 UI_PACKAGE = "homelab.tui"
+PARALLEL_INTERPRETERS = 4
 # Textual-free helpers inside the TUI package: the CLI and status verb must not pay for Textual.
 TEXTUAL_FREE_TUI_MODULES = (
     "homelab.tui.cli",
@@ -50,17 +52,21 @@ print("\\n".join(failed))
 """
 
 
+def pulls_textual(name: str) -> bool:
+    """Import ``name`` in a fresh interpreter; True if Textual got loaded."""
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK, name], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, f"importing {name} failed:\n{result.stderr[-2000:]}"
+    return bool(result.stdout.strip())
+
+
 def modules_pulling_textual(names: list[str]) -> list[str]:
-    """Import each module in its own fresh interpreter; list those that loaded Textual."""
-    offenders = []
-    for name in names:
-        result = subprocess.run(
-            [sys.executable, "-c", CHECK, name], capture_output=True, text=True, timeout=120
-        )
-        assert result.returncode == 0, f"importing {name} failed:\n{result.stderr[-2000:]}"
-        if result.stdout.strip():
-            offenders.append(name)
-    return offenders
+    """The modules among ``names`` that load Textual, each checked in its own interpreter
+    (a few at a time: the interpreters mostly wait on imports)."""
+    with ThreadPoolExecutor(max_workers=PARALLEL_INTERPRETERS) as pool:
+        verdicts = list(pool.map(pulls_textual, names))
+    return [name for name, pulled in zip(names, verdicts, strict=True) if pulled]
 
 
 def test_the_core_packages_are_found() -> None:

@@ -9,9 +9,11 @@ at a time, whatever the token rate); streamed text is flushed to the chat at a s
 
 from __future__ import annotations
 
+import functools
+import inspect
+import threading
 import time
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 from textual import on, work
@@ -31,13 +33,14 @@ from homelab.tui.hardware_source import (
     live_from_report,
 )
 from homelab.tui.knobs import CONTEXT_CHOICES, KV_CHOICES, SLOT_CHOICES, Knobs, cycle
-from homelab.tui.live import Coalescer, Inbox, TextBuffer
+from homelab.tui.live import Coalescer, Inbox, PullProgress, TextBuffer
 from homelab.tui.messages import (
     AnswerFinished,
     FitComputed,
     HardwareDetected,
     ModelChosen,
     ModelLoaded,
+    ModelPulled,
     ModelsListed,
     ModelUnloaded,
     PlanComputed,
@@ -62,10 +65,29 @@ HARDWARE_REFRESH_S = 1.0
 CHAT_FLUSH_S = 0.1  # streamed text reaches the screen at 10 Hz, however fast tokens come
 METRICS_INTERVAL_S = 0.25
 CHAT_TENANT = "tui"
+RELEASE_WAIT_S = 60.0
+
+
+def while_running(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Drop a worker's message that arrives while the app shuts down (its panels are gone)."""
+
+    @functools.wraps(handler)
+    async def guarded(self: HomelabApp, *args: Any) -> None:
+        if not self.is_running:
+            return
+        result = handler(self, *args)
+        if inspect.isawaitable(result):
+            await result
+
+    return guarded
 
 
 class MetricsUpdated(Message):
     """Wake-up posted (at most one in flight) when the engine published new metrics."""
+
+
+class PullProgressed(Message):
+    """Wake-up posted (at most one in flight) when a download made progress."""
 
 
 class RequestsLogged(Message):
@@ -99,12 +121,14 @@ class HomelabApp(App[None]):
         server_port: int = 8080,
         hardware_refresh_s: float = HARDWARE_REFRESH_S,
         verify_plans: bool = True,
+        chat_max_tokens: int = services.CHAT_MAX_TOKENS,
     ) -> None:
         super().__init__()
         self.requested_model = model
         self.hardware_source: HardwareSource = hardware_provider or LocalHardware()
         self.frozen_live = frozen_live  # snapshots: hide numbers that vary run to run
         self.verify_plans = verify_plans
+        self.chat_max_tokens = chat_max_tokens
         self.server_host = server_host
         self.server_port = server_port
         self.hardware_refresh_s = hardware_refresh_s
@@ -120,10 +144,15 @@ class HomelabApp(App[None]):
         self.answer_text = TextBuffer()
         self.metrics = Coalescer[Any](lambda: self.post_message(MetricsUpdated()))
         self.request_log = Inbox[Any]()
+        self.pull_progress = Coalescer[tuple[str, int, int]](
+            lambda: self.post_message(PullProgressed())
+        )
         self._unsubscribe_metrics: Any = None
         self._after_load: list[str] = []  # actions to run once a load finishes (chat, serve)
         self._pending_prompt: str | None = None
         self._started = False
+        self._released = threading.Event()  # set while no engine is being freed
+        self._released.set()
         self.ticks = 0  # steady-rate UI timer ticks: proof the loop keeps running during a load
 
     # --- lifecycle -----------------------------------------------------------------------
@@ -178,11 +207,13 @@ class HomelabApp(App[None]):
         live = self.hardware_source.sample()
         self.call_from_thread(self._show_live_hardware, live)
 
+    @while_running
     def _show_live_hardware(self, live: LiveHardware) -> None:
         panel = self._dashboard().query_one(HardwarePanel)
         if panel.report is not None:
             panel.show_live(live, frozen=self.frozen_live)
 
+    @while_running
     async def on_hardware_detected(self, message: HardwareDetected) -> None:
         self.report = message.report
         panel = self._dashboard().query_one(HardwarePanel)
@@ -202,6 +233,7 @@ class HomelabApp(App[None]):
         except HomelabError as error:
             self.post_message(TaskFailed("choosing the model", error, modal=True))
 
+    @while_running
     def on_model_chosen(self, message: ModelChosen) -> None:
         self.set_choice(message.choice)
 
@@ -241,6 +273,7 @@ class HomelabApp(App[None]):
         except HomelabError as error:
             self.post_message(PlanFailed(error, generation))
 
+    @while_running
     async def on_plan_computed(self, message: PlanComputed) -> None:
         if message.generation != self.plan_generation:
             return  # a newer knob change superseded this plan
@@ -252,11 +285,13 @@ class HomelabApp(App[None]):
         if self.engine is not None and self.engine.settings != message.plan.settings:
             panel.show_stale_engine()
 
-    def on_plan_failed(self, message: PlanFailed) -> None:
+    @while_running
+    async def on_plan_failed(self, message: PlanFailed) -> None:
         if message.generation != self.plan_generation:
             return
         self.plan = None
-        self._dashboard().query_one(PlanPanel).show_failure(message.error.title, str(message.error))
+        panel = self._dashboard().query_one(PlanPanel)
+        await panel.show_failure(message.error.title, str(message.error))
 
     @on(PlanPanel.KnobsChanged)
     def _knobs_changed(self, message: PlanPanel.KnobsChanged) -> None:
@@ -306,6 +341,7 @@ class HomelabApp(App[None]):
 
     @work(thread=True, exit_on_error=False, group="load", exclusive=True)
     def load_model(self, choice: ModelChoice, plan: Any) -> None:
+        self._released.wait(RELEASE_WAIT_S)  # the previous model's memory must be free first
         started = time.perf_counter()
         try:
             engine = services.load_engine(choice, plan)
@@ -314,6 +350,7 @@ class HomelabApp(App[None]):
         else:
             self.post_message(ModelLoaded(engine, time.perf_counter() - started))
 
+    @while_running
     async def on_model_loaded(self, message: ModelLoaded) -> None:
         self.engine = message.engine
         self.load_report = services.load_report(message.engine)
@@ -321,31 +358,54 @@ class HomelabApp(App[None]):
         live = self._dashboard().query_one(LivePanel)
         load_s = "–" if self.frozen_live else f"{message.load_s:.1f} s"
         live.show_state(services.loaded_line(self.choice, self.load_report, load_s))
-        self.query_one_dashboard_plan_refresh()
+        self._refresh_plan_view()
         self.notify(f"{self.choice.label if self.choice else 'model'} is ready.", title="Loaded")
         for action in self._after_load:
             await self.run_action(action)
         self._after_load.clear()
 
-    def query_one_dashboard_plan_refresh(self) -> None:
+    def _refresh_plan_view(self) -> None:
         """Re-render the plan so it shows predicted next to actual."""
         if self.plan is not None:
             self.post_message(PlanComputed(self.plan, self.plan_generation))
 
     def unload(self) -> None:
-        self._shutdown_engine_and_server()
-        self.load_report = None
-        self.post_message(ModelUnloaded())
+        """Forget the engine (and server) now; free them in a worker (stopping a server and
+        joining the engine's thread take a moment the UI must not wait for)."""
+        engine, server, answer = self.engine, self.server, self.answer
+        if self._unsubscribe_metrics is not None:
+            self._unsubscribe_metrics()
+            self._unsubscribe_metrics = None
+        self.engine = self.server = self.load_report = None
+        self._released.clear()
+        self.release(engine, server, answer)
 
+    @work(thread=True, exit_on_error=False, group="release")
+    def release(self, engine: Any, server: Any, answer: Any) -> None:
+        try:
+            if answer is not None:
+                answer.cancel()
+            if server is not None:
+                server.stop()
+            if engine is not None:
+                engine.close()
+        finally:
+            self._released.set()
+            self.post_message(ModelUnloaded())
+
+    @while_running
     def on_model_unloaded(self) -> None:
+        if self.engine is not None:
+            return  # another model was loaded meanwhile
         dashboard = self._dashboard()
-        dashboard.query_one(LivePanel).show_state("No model loaded — press [b]l[/b] to load it.")
+        dashboard.query_one(LivePanel).show_unloaded()
         dashboard.query_one(ServerPanel).show_stopped()
-        self.query_one_dashboard_plan_refresh()
+        self._refresh_plan_view()
 
+    @while_running
     def on_metrics_updated(self) -> None:
         metrics = self.metrics.take()
-        if metrics is not None:
+        if metrics is not None and self.engine is not None:
             self._dashboard().query_one(LivePanel).show_metrics(metrics, frozen=self.frozen_live)
 
     # --- chat ----------------------------------------------------------------------------
@@ -365,7 +425,14 @@ class HomelabApp(App[None]):
             self._queue_after_load("send_pending_prompt")
             return
         await chat.begin_answer(prompt)
-        self.answer = services.submit_chat(self.engine, chat.history, CHAT_TENANT)
+        try:
+            self.answer = services.submit_chat(
+                self.engine, chat.history, CHAT_TENANT, self.chat_max_tokens
+            )
+        except HomelabError as error:
+            chat.finish_answer("error", None, frozen=self.frozen_live)
+            self.notify(str(error), title=error.title, severity="error")
+            return
         self.stream_answer(self.answer)
 
     async def action_send_pending_prompt(self) -> None:
@@ -398,6 +465,7 @@ class HomelabApp(App[None]):
         if text:
             self._dashboard().query_one(ChatPanel).stream(text)
 
+    @while_running
     def on_answer_finished(self, message: AnswerFinished) -> None:
         self._flush_answer()
         self.answer = None
@@ -451,6 +519,7 @@ class HomelabApp(App[None]):
         self.request_log.add(entry)
         self.post_message(RequestsLogged())
 
+    @while_running
     def on_server_started(self, message: ServerStarted) -> None:
         self.server = message.handle
         panel = self._dashboard().query_one(ServerPanel)
@@ -462,9 +531,11 @@ class HomelabApp(App[None]):
         handle.stop()
         self.post_message(ServerStopped())
 
+    @while_running
     def on_server_stopped(self) -> None:
         self._dashboard().query_one(ServerPanel).show_stopped()
 
+    @while_running
     def on_requests_logged(self) -> None:
         entries = self.request_log.drain()
         if entries:
@@ -493,16 +564,51 @@ class HomelabApp(App[None]):
             badge = services.fit_badge(choice, self.report)
             self.post_message(FitComputed(choice, badge))
 
+    @on(ModelPicker.DownloadRequested)
+    def _download_requested(self, message: ModelPicker.DownloadRequested) -> None:
+        if any(w.group == "pull" and w.is_running for w in self.workers):
+            self.notify("One download at a time.", title="Already downloading")
+            return
+        self.pull_model(message.choice, message.quant)
+
+    @work(thread=True, exit_on_error=False, group="pull", exclusive=True)
+    def pull_model(self, choice: ModelChoice, quant: str | None) -> None:
+        progress = PullProgress(self.pull_progress)
+        try:
+            local = services.pull_choice(choice, quant, progress)
+        except HomelabError as error:
+            self.post_message(TaskFailed("downloading the model", error, modal=True))
+        else:
+            self.post_message(ModelPulled(local, progress.notes))
+
+    @while_running
+    def on_pull_progressed(self) -> None:
+        progress = self.pull_progress.take()
+        if progress is not None and isinstance(self.screen, ModelPicker):
+            self.screen.show_progress(*progress)
+
+    @while_running
+    def on_model_pulled(self, message: ModelPulled) -> None:
+        notes = "".join(f"\n{note}" for note in message.notes)
+        self.notify(f"{message.choice.label}{notes}", title="Downloaded")
+        if isinstance(self.screen, ModelPicker):
+            self.screen.dismiss(message.choice)  # _model_picked switches to it
+        else:
+            self.set_choice(message.choice)
+
+    @while_running
     def on_models_listed(self, message: ModelsListed) -> None:
         if isinstance(self.screen, ModelPicker):
             self.screen.show_choices(message.choices)
 
+    @while_running
     def on_fit_computed(self, message: FitComputed) -> None:
         if isinstance(self.screen, ModelPicker):
             self.screen.show_badge(message.choice, message.badge)
 
     # --- errors, help, palette -----------------------------------------------------------
 
+    @while_running
     def on_task_failed(self, message: TaskFailed) -> None:
         if message.action == "loading the model":
             self._after_load.clear()
@@ -595,6 +701,7 @@ def make_app(
     server_port: int = 8080,
     hardware_refresh_s: float = HARDWARE_REFRESH_S,
     verify_plans: bool | None = None,
+    chat_max_tokens: int = services.CHAT_MAX_TOKENS,
 ) -> HomelabApp:
     """The app, configured; tests reuse this with fixed hardware and a demo model.
 
@@ -609,8 +716,5 @@ def make_app(
         server_port=server_port,
         hardware_refresh_s=hardware_refresh_s,
         verify_plans=not frozen_live if verify_plans is None else verify_plans,
+        chat_max_tokens=chat_max_tokens,
     )
-
-
-def stylesheet_path() -> Path:
-    return Path(__file__).with_name("app.tcss")

@@ -24,11 +24,15 @@ def human_bytes(size_bytes: int | None) -> str:
 
 
 def human_tokens(tokens: int) -> str:
-    """4096 -> "4k", 131072 -> "128k", 1048576 -> "1M", 1500 -> "1500"."""
+    """4096 -> "4k", 10496 -> "10.2k", 131072 -> "128k", 1048576 -> "1M", 1000 -> "1000".
+
+    Never rounds up: a context shown as "10.2k" is really reachable.
+    """
     if tokens >= 1 << 20 and tokens % (1 << 20) == 0:
         return f"{tokens >> 20}M"
-    if tokens >= 1024 and tokens % 1024 == 0:
-        return f"{tokens // 1024}k"
+    if tokens >= 1024:
+        whole, tenths = divmod(tokens * 10 // 1024, 10)
+        return f"{whole}k" if tenths == 0 and tokens % 1024 == 0 else f"{whole}.{tenths}k"
     return str(tokens)
 
 

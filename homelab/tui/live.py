@@ -77,3 +77,33 @@ class Inbox(Generic[T]):
         with self._lock:
             items, self._items = self._items, []
         return items
+
+
+class PullProgress:
+    """A hub ``ProgressSink`` (homelab.hub.progress) that hands (label, done, total) to the UI
+    through a :class:`Coalescer`: a download's thousands of chunks become a few UI updates."""
+
+    def __init__(self, box: Coalescer[tuple[str, int, int]]) -> None:
+        self._box = box
+        self._label = ""
+        self._done_bytes = 0
+        self._total_bytes = 0
+        self.notes: list[str] = []
+
+    def start(self, label: str, total_bytes: int, done_bytes: int) -> None:
+        self._label, self._total_bytes, self._done_bytes = label, total_bytes, done_bytes
+        self._publish()
+
+    def advance(self, n_bytes: int) -> None:
+        self._done_bytes += n_bytes
+        self._publish()
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
+    def finish(self) -> None:
+        self._done_bytes = self._total_bytes
+        self._publish()
+
+    def _publish(self) -> None:
+        self._box.put((self._label, self._done_bytes, self._total_bytes))

@@ -91,3 +91,10 @@ class FitComputed(Message):
         super().__init__()
         self.choice = choice
         self.badge = badge
+
+
+class ModelPulled(Message):
+    def __init__(self, choice: ModelChoice, notes: list[str]) -> None:
+        super().__init__()
+        self.choice = choice
+        self.notes = notes

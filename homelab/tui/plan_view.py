@@ -46,8 +46,20 @@ class PlanView:
     verdict: str
     settings_line: str
     devices: list[DeviceView] = field(default_factory=list)
-    capacity: Table | str = ""
+    capacity_rows: list[tuple[str, str, str, str]] = field(default_factory=list)
     reasons: str = ""
+
+    @property
+    def capacity(self) -> Table:
+        """Context reachable per slot with each KV type (the chosen one in bold)."""
+        table = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, header_style="bold")
+        table.add_column("KV K/V")
+        table.add_column("max context", justify="right")
+        table.add_column("memory allows", justify="right")
+        table.add_column("", overflow="fold")
+        for cells in self.capacity_rows:
+            table.add_row(*cells, style="bold" if "chosen" in cells[3] else "")
+        return table
 
 
 def plan_view(plan: Plan, load_report: Any = None) -> PlanView:
@@ -57,7 +69,7 @@ def plan_view(plan: Plan, load_report: Any = None) -> PlanView:
         verdict=verdict(plan),
         settings_line=settings_line(plan),
         devices=[device_view(d, actual) for d in reversed(plan.memory.devices)],  # GPUs first
-        capacity=capacity_table(plan),
+        capacity_rows=[capacity_cells(row) for row in plan.capacity],
         reasons="\n".join(f"• {escape(reason)}" for reason in plan.reasons),
     )
 
@@ -169,18 +181,6 @@ def actual_by_device(load_report: Any) -> dict[str, dict[str, int]]:
             per_device = result.setdefault(device, {})
             per_device[kind] = per_device.get(kind, 0) + int(size_bytes)
     return result
-
-
-def capacity_table(plan: Plan) -> Table:
-    """Context reachable per slot with each KV type (the chosen one marked)."""
-    table = Table(box=None, padding=(0, 2, 0, 0), show_edge=False, header_style="bold")
-    table.add_column("KV K/V")
-    table.add_column("max context", justify="right")
-    table.add_column("memory allows", justify="right")
-    table.add_column("", overflow="fold")
-    for row in plan.capacity:
-        table.add_row(*capacity_cells(row), style="bold" if row.chosen else "")
-    return table
 
 
 def capacity_cells(row: CapacityRow) -> tuple[str, str, str, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -60,6 +60,7 @@ class FitBadge:
 
     label: str  # e.g. "fits · f16 KV · 32k tokens"
     level: Literal["good", "ok", "offload", "no", "unknown"]
+    quant: str | None = None  # the quant the plan chose (what a download should fetch)
 
 
 # --- choosing a model ----------------------------------------------------------------------
@@ -68,28 +69,29 @@ class FitBadge:
 def demo_choice(size: str = "tiny", arch: str = "llama") -> ModelChoice:
     from homelab.gguf.demo import demo_model_path
 
-    path = demo_model_path(arch, size)
-    return ModelChoice(
-        ref=str(path),
-        label=f"{arch} {size} demo",
-        kind="demo",
-        path=path,
-        size_bytes=path.stat().st_size,
-        detail="generated locally",
-    )
+    return local_choice(demo_model_path(arch, size), detail="generated locally")
 
 
 def local_choice(path: Path, detail: str = "local file") -> ModelChoice:
     if not path.is_file():
         raise HomelabError(f"{path}: no such model file.", hint="Give the path of a .gguf file.")
+    demo = demo_label(path)
     return ModelChoice(
         ref=str(path),
-        label=path.name,
-        kind="demo" if path.name.startswith("homelab-demo-") else "local",
+        label=demo or path.name,
+        kind="demo" if demo else "local",
         path=path,
         size_bytes=path.stat().st_size,
         detail=detail,
     )
+
+
+def demo_label(path: Path) -> str | None:
+    """ "llama tiny demo" for a generated homelab-demo-llama-tiny-v2-F16.gguf, else None."""
+    parts = path.stem.split("-")
+    if len(parts) < 5 or parts[:2] != ["homelab", "demo"]:
+        return None
+    return f"{parts[2]} {parts[3]} demo"
 
 
 def catalogue_choice(slug: str) -> ModelChoice:
@@ -124,9 +126,9 @@ def choose_model(requested: str | None) -> ModelChoice:
     path = Path(requested).expanduser()
     if path.suffix.lower() == ".gguf" or path.exists():
         return local_choice(path)
-    local = _find_local(requested)
-    if local is not None:
-        return local
+    found = _find_local(requested)
+    if found is not None:
+        return found
     try:
         return catalogue_choice(requested)
     except HomelabError:
@@ -165,7 +167,7 @@ def _from_library(model: LocalModel) -> ModelChoice:
     return ModelChoice(
         ref=str(model.path),
         label=model.name if model.repo_id is None else f"{model.repo_id}:{model.quant}",
-        kind="demo" if model.path.name.startswith("homelab-demo-") else "local",
+        kind="demo" if demo_label(model.path) else "local",
         path=model.path if model.info is not None else None,
         size_bytes=model.size_bytes,
         detail=f"{model.origin}{problem}",
@@ -233,25 +235,66 @@ def plan_choice(
 
 def fit_badge(choice: ModelChoice, report: HardwareReport) -> FitBadge:
     """How ``choice`` fits this machine with the planner's own choices."""
+    from homelab.errors import PlanError
+
     try:
         plan = plan_choice(choice, report, Knobs())
+    except PlanError:
+        return FitBadge("does not fit", "no")
     except HomelabError as error:
         return FitBadge(f"cannot plan: {error.message}", "unknown")
     return badge_for(plan)
 
 
+BADGE_MIN_CONTEXT = 4096  # a KV type "fits" when a slot gets at least this much context
+
+
 def badge_for(plan: Plan) -> FitBadge:
+    """The best KV type that gives a useful context with the plan's weights and offload."""
+    return replace(_badge(plan), quant=plan.settings.quant)
+
+
+def _badge(plan: Plan) -> FitBadge:
     if not plan.fits:
         return FitBadge("does not fit", "no")
     s = plan.settings
-    tokens = human_tokens(s.n_ctx_per_slot)
     if plan.hardware.has_gpu and (s.n_gpu_layers < plan.full_offload_layers or s.n_cpu_moe):
-        return FitBadge(f"needs offload · {tokens} tokens", "offload")
-    f16 = next((row for row in plan.capacity if row.type_k == row.type_v == "f16"), None)
+        return FitBadge(f"needs offload · {human_tokens(s.n_ctx_per_slot)} tokens", "offload")
+    wanted = min(BADGE_MIN_CONTEXT, plan.trained_context)
     where = "" if plan.hardware.has_gpu else " on CPU"
-    if s.type_k == "f16" and f16 is not None and f16.max_ctx > 0:
-        return FitBadge(f"fits{where} with f16 KV at {human_tokens(f16.max_ctx)} tokens", "good")
-    return FitBadge(f"fits{where} with {s.type_k} KV at {tokens} tokens", "ok")
+    for row in plan.capacity:
+        if row.type_k == row.type_v and row.max_ctx >= wanted:
+            level: Literal["good", "ok"] = "good" if row.type_k == "f16" else "ok"
+            return FitBadge(
+                f"fits{where} with {row.type_k} KV at {human_tokens(row.max_ctx)} tokens", level
+            )
+    return FitBadge(f"fits{where} at {human_tokens(s.n_ctx_per_slot)} tokens", "ok")
+
+
+# --- downloading -------------------------------------------------------------------------
+
+
+def pull_name(choice: ModelChoice, quant: str | None) -> str:
+    """``ORG/NAME:QUANT`` for a catalogue entry or hub reference."""
+    if choice.kind == "hub":
+        return choice.ref if quant is None or ":" in choice.ref else f"{choice.ref}:{quant}"
+    if choice.kind != "catalogue":
+        raise HomelabError(f"{choice.label} is already on this machine.")
+    from homelab.gguf.catalogue import find_model
+
+    entry = find_model(choice.ref)
+    quant = quant or entry.quants[-1].quant  # nothing planned: the smallest file
+    return f"{entry.hf_repo}:{quant}"
+
+
+def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> ModelChoice:
+    """Download ``choice`` into the Hugging Face cache (verified, resumable) and return the
+    local model it became. Blocking: minutes for a big file."""
+    from homelab.hub.pull import pull_by_name
+
+    pulled = pull_by_name(pull_name(choice, quant), progress=progress)  # type: ignore[arg-type]
+    local = local_choice(pulled.path, detail=f"hf · {pulled.repo_id}")
+    return replace(local, label=f"{pulled.repo_id}:{pulled.quant}")
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -290,11 +333,16 @@ def loaded_line(choice: ModelChoice | None, report: Any, load_s: str) -> str:
     name = escape(choice.label) if choice else "model"
     demo = " [b $warning](demo model, random weights)[/]" if choice and choice.is_demo else ""
     summary = report.summary() if report is not None else "loaded"
-    slots = f" · {report.n_slots} slots × {report.n_ctx_per_slot:,} tokens" if report else ""
+    slots = ""
+    if report is not None:
+        noun = "slot" if report.n_slots == 1 else "slots"
+        slots = f" · {report.n_slots} {noun} × {report.n_ctx_per_slot:,} tokens"
     return f"[b $success]●[/] {name}{demo} — {escape(summary)} in {load_s}{slots}"
 
 
-def submit_chat(engine: Any, history: list[dict[str, str]], tenant: str) -> Any:
+def submit_chat(
+    engine: Any, history: list[dict[str, str]], tenant: str, max_tokens: int = CHAT_MAX_TOKENS
+) -> Any:
     """Render the conversation with the model's chat template and submit it.
 
     A model without a usable template gets the last prompt as plain text. When the whole
@@ -303,7 +351,7 @@ def submit_chat(engine: Any, history: list[dict[str, str]], tenant: str) -> Any:
     from homelab.engine.api import GenerationRequest, SamplingParams
     from homelab.errors import ContextLengthError
 
-    sampling = SamplingParams(max_tokens=min(CHAT_MAX_TOKENS, engine.n_ctx_per_slot // 2))
+    sampling = SamplingParams(max_tokens=min(max_tokens, engine.n_ctx_per_slot // 2))
 
     def request(turns: list[dict[str, str]]) -> Any:
         prompt = _chat_prompt(engine, turns)

@@ -25,7 +25,7 @@ def status_document(model: str | None, hardware: HardwareSource | None = None) -
         "hardware": report.to_dict(),
     }
     try:
-        document["plan"] = services.plan_choice(choice, report, Knobs()).to_dict()
+        document["plan"] = services.plan_choice(choice, report, Knobs(), verify=True).to_dict()
     except HomelabError as error:
         document["plan"] = None
         document["plan_error"] = {"type": type(error).__name__, "message": str(error)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,3 +31,15 @@ def cpu_machine() -> FakeHardware:
 @pytest.fixture
 def gpu_machine() -> FakeHardware:
     return gpu_24gb_machine()
+
+
+@pytest.fixture(scope="session")
+def lone_demo_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny llama demo alone in its folder: the shared demo cache may also hold its
+    quantized siblings (other tests make them), which the planner would list as options."""
+    from homelab.gguf.demo import demo_model_path
+
+    source = demo_model_path("llama", "tiny")
+    target = tmp_path_factory.mktemp("lone-demo") / source.name
+    shutil.copyfile(source, target)
+    return target

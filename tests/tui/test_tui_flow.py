@@ -19,6 +19,7 @@ from homelab.tui import services
 from homelab.tui.app import HomelabApp, make_app
 from homelab.tui.widgets.chat import ChatPanel
 from homelab.tui.widgets.live import LivePanel
+from homelab.tui.widgets.plan import PlanPanel
 
 WAIT_S = 60.0
 
@@ -59,7 +60,23 @@ async def test_plan_follows_the_kv_knob_before_anything_loads(cpu_machine: FakeH
         await wait_until(pilot, lambda: app.plan is not first, "the re-plan")
         assert app.plan.settings.type_k == app.plan.settings.type_v == "q8_0"
         assert "q8_0" in rendered(app, "#settings-line")
+        view = app.screen.query_one(PlanPanel).view
+        assert view is not None
+        chosen = [cells[0] for cells in view.capacity_rows if "chosen" in cells[3]]
+        assert chosen == ["q8_0/q8_0"]  # the capacity table follows the knob
         assert app.engine is None  # planning never loads
+
+
+async def test_a_model_that_does_not_fit_says_so_and_what_to_do(
+    cpu_machine: FakeHardware,
+) -> None:
+    app = make_app("llama-3.3-70b", hardware_provider=cpu_machine, frozen_live=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: "✘" in rendered(app, "#verdict"), "the verdict")
+        verdict = rendered(app, "#verdict")
+        assert "Does not fit" in verdict and "needs" in verdict
+        assert app.plan is None
+        assert "not downloaded" in rendered(app, "#model-line")
 
 
 async def test_cycling_kv_type_with_a_key_replans(cpu_machine: FakeHardware) -> None:
@@ -88,7 +105,9 @@ async def test_load_chat_cancel_and_serve(
         return engine
 
     monkeypatch.setattr(services, "load_engine", slow_load)
-    app = make_app("demo", hardware_provider=cpu_machine, server_port=free_port())
+    app = make_app(
+        "demo", hardware_provider=cpu_machine, server_port=free_port(), chat_max_tokens=32
+    )
     async with app.run_test(size=(160, 48)) as pilot:
         await planned(app, pilot)
 
@@ -97,6 +116,9 @@ async def test_load_chat_cancel_and_serve(
         await wait_until(pilot, lambda: app.engine is not None, "the model to load")
         first, last = ticks_during_load
         assert last - first >= 5
+        # predicted next to what llama.cpp really allocated
+        await wait_until(pilot, lambda: "after load" in rendered(app, "#devices .legend"), "actual")
+        assert "(predicted" in rendered(app, "#devices .legend")
 
         # chat: the answer streams and tok/s becomes non-zero
         chat = app.screen.query_one(ChatPanel)
@@ -112,9 +134,8 @@ async def test_load_chat_cancel_and_serve(
         assert "tok/s" in str(app.screen.query_one("#decode-rate .rate-value", Static).render())
 
         # cancel: escape stops the answer being generated
-        await pilot.press(*"tell me more", "enter")
-        await wait_until(pilot, lambda: app.answer is not None, "the second answer to start")
-        await pilot.press("escape")
+        app.chat_max_tokens = 4096  # long enough that the answer is still running
+        await pilot.press(*"tell me more", "enter", "escape")
         await wait_until(pilot, lambda: app.answer is None, "the cancelled answer to end")
         assert "cancelled" in chat.query("ChatMessage").last().text
 
@@ -123,11 +144,14 @@ async def test_load_chat_cancel_and_serve(
         await pilot.press("s")
         await wait_until(pilot, lambda: app.server is not None, "the server to start")
         url = services.server_url(app.server)
+        assert url in rendered(app, "#server-status") and "keys off" in rendered(
+            app, "#server-status"
+        )
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-            models = await client.get("/v1/models")
+            models = await client.get("/models")
             assert models.status_code == 200
             reply = await client.post(
-                "/v1/chat/completions",
+                "/chat/completions",
                 json={
                     "model": models.json()["data"][0]["id"],
                     "messages": [{"role": "user", "content": "hi"}],
@@ -140,4 +164,30 @@ async def test_load_chat_cancel_and_serve(
         await pilot.press("s")
         await wait_until(pilot, lambda: "stopped" in rendered(app, "#server-status"), "stop")
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"{url}/v1/models", timeout=5)
+            httpx.get(f"{url}/models", timeout=5)
+
+
+async def test_unload_frees_the_model_and_reload_works(cpu_machine: FakeHardware) -> None:
+    app = make_app("demo", hardware_provider=cpu_machine)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await planned(app, pilot)
+        await pilot.press("l")
+        await wait_until(pilot, lambda: app.engine is not None, "the load")
+        first = app.engine
+        await pilot.press("l")  # unload
+        assert app.engine is None
+        await wait_until(pilot, lambda: "No model loaded" in rendered(app, "#live-state"), "unload")
+        await pilot.press("l")
+        await wait_until(pilot, lambda: app.engine is not None, "the reload")
+        assert app.engine is not first
+
+
+async def test_asking_before_loading_loads_first(cpu_machine: FakeHardware) -> None:
+    app = make_app("demo", hardware_provider=cpu_machine, chat_max_tokens=8)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await planned(app, pilot)
+        chat = app.screen.query_one(ChatPanel)
+        await pilot.press("i", *"hi", "enter")
+        await wait_until(pilot, lambda: len(chat.history) == 2, "the answer after the load")
+        assert app.engine is not None
+        assert "Loading the model first" in chat.query("ChatMessage")[1].text

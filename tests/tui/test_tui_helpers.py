@@ -75,4 +75,6 @@ def test_sizes_read_like_a_person_wrote_them() -> None:
     assert human_bytes(24 * GIB) == "24.0 GiB"
     assert human_bytes(1536) == "1.5 KiB"
     assert human_bytes(None) == "N/A"
-    assert human_tokens(131072) == "128k" and human_tokens(1500) == "1500"
+    assert human_tokens(131072) == "128k" and human_tokens(1 << 20) == "1M"
+    assert human_tokens(10496) == "10.2k"  # floored: never more than is reachable
+    assert human_tokens(1000) == "1000"

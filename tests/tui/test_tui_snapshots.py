@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
@@ -36,18 +37,22 @@ def settled(page_keys: tuple[str, ...] = ()) -> Callable[[Pilot[None]], Awaitabl
     return run_before
 
 
-def frozen_app(machine: FakeHardware) -> HomelabApp:
-    return make_app("demo", hardware_provider=machine, frozen_live=True)
+def frozen_app(machine: FakeHardware, model: Path) -> HomelabApp:
+    return make_app(str(model), hardware_provider=machine, frozen_live=True)
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-def test_dashboard(snap_compare: SnapCompare, machine: str, size: tuple[int, int]) -> None:
-    app = frozen_app(MACHINES[machine]())
+def test_dashboard(
+    snap_compare: SnapCompare, lone_demo_model: Path, machine: str, size: tuple[int, int]
+) -> None:
+    app = frozen_app(MACHINES[machine](), lone_demo_model)
     assert snap_compare(app, terminal_size=size, run_before=settled())
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
-def test_plan_page_on_a_small_terminal(snap_compare: SnapCompare, machine: str) -> None:
-    app = frozen_app(MACHINES[machine]())
+def test_plan_page_on_a_small_terminal(
+    snap_compare: SnapCompare, lone_demo_model: Path, machine: str
+) -> None:
+    app = frozen_app(MACHINES[machine](), lone_demo_model)
     assert snap_compare(app, terminal_size=(80, 24), run_before=settled(("2",)))

@@ -8,10 +8,10 @@ another process on it), and live sensor numbers must not vary.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from homelab.hardware.build import BuildInfo
-from homelab.hardware.gpu import GpuInfo, GpuProcess, GpuSnapshot
+from homelab.hardware.gpu import GpuInfo, GpuProcess
 from homelab.hardware.host import CpuInfo, MemoryInfo
 from homelab.hardware.report import HardwareReport
 from homelab.tui.hardware_source import LiveHardware, live_from_report
@@ -80,7 +80,6 @@ class FakeHardware:
 
     report: HardwareReport
     samples: int = 0
-    gpu_snapshots: tuple[GpuSnapshot, ...] = field(default=())
 
     def detect(self) -> HardwareReport:
         return self.report

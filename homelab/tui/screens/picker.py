@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.markup import escape
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Input, Static
+from textual.widgets import DataTable, Input, ProgressBar, Static
 
 from homelab.tui.format import human_bytes
 from homelab.tui.services import FitBadge, ModelChoice
@@ -23,6 +25,7 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "dismiss_none", "Close"),
         Binding("enter", "choose", "Use model", priority=True),
+        Binding("d", "download", "Download"),
     ]
     DEFAULT_CSS = """
     ModelPicker { align: center middle; }
@@ -33,7 +36,16 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
     ModelPicker #picker-filter { margin-bottom: 1; }
     ModelPicker DataTable { height: 1fr; }
     ModelPicker #picker-hint { height: 1; color: $text-muted; }
+    ModelPicker #pull { height: auto; display: none; }
+    ModelPicker #pull.-active { display: block; }
+    ModelPicker #pull-label { height: 1; }
     """
+
+    class DownloadRequested(Message):
+        def __init__(self, choice: ModelChoice, quant: str | None) -> None:
+            super().__init__()
+            self.choice = choice
+            self.quant = quant
 
     def __init__(self, current: ModelChoice | None = None) -> None:
         super().__init__()
@@ -44,13 +56,16 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Pick a model"
-            box.border_subtitle = "enter: use · esc: close"
+            box.border_subtitle = "enter: use · d: download · esc: close"
             yield Input(placeholder="filter by name…", id="picker-filter", compact=True)
             table: DataTable[Text] = DataTable(id="picker-table", cursor_type="row")
             for column in COLUMNS:
                 table.add_column(column, key=column)
             yield table
             yield Static("listing models…", id="picker-hint")
+            with Vertical(id="pull"):
+                yield Static(id="pull-label")
+                yield ProgressBar(id="pull-bar", show_eta=False)
 
     def on_mount(self) -> None:
         self.query_one(DataTable).focus()
@@ -88,12 +103,36 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
                 key=choice.ref,
             )
 
-    def action_choose(self) -> None:
+    def highlighted(self) -> ModelChoice | None:
         table = self.query_one(DataTable)
         if table.row_count == 0:
-            return
+            return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
-        self.dismiss(next((c for c in self.choices if c.ref == key), None))
+        return next((c for c in self.choices if c.ref == key), None)
+
+    def action_choose(self) -> None:
+        choice = self.highlighted()
+        if choice is not None:
+            self.dismiss(choice)
+
+    def action_download(self) -> None:
+        choice = self.highlighted()
+        if choice is None:
+            return
+        if choice.runnable:
+            self.notify(f"{choice.label} is already on this machine.", title="Nothing to download")
+            return
+        badge = self.badges.get(choice.ref)
+        self.post_message(self.DownloadRequested(choice, badge.quant if badge else None))
+
+    def show_progress(self, label: str, done_bytes: int, total_bytes: int) -> None:
+        self.query_one("#pull").add_class("-active")
+        self.query_one("#pull-label", Static).update(
+            f"Downloading {escape(label)}: {human_bytes(done_bytes)} of {human_bytes(total_bytes)}"
+        )
+        self.query_one("#pull-bar", ProgressBar).update(
+            total=max(total_bytes, 1), progress=done_bytes
+        )
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)

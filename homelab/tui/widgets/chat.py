@@ -95,9 +95,7 @@ class ChatPanel(Vertical):
         if message is None:
             return
         message.remove_class("-streaming")
-        message.border_subtitle = None
         self.history.append({"role": "assistant", "content": message.text})
-        message.tooltip = None
         footer = answer_footer(reason, stats, frozen=frozen)
         message.append(f"\n— {footer}")
 

@@ -13,6 +13,7 @@ from homelab.tui.format import HIDDEN, rate, seconds
 from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
 
 HISTORY_POINTS = 60
+NOT_LOADED = "No model loaded. Press [b]l[/b] to load it, or just ask in the chat (it loads first)."
 KV_USED_STYLE = "#af87ff"
 KV_FREE_STYLE = "#4e4e4e"
 
@@ -51,6 +52,8 @@ class LivePanel(Vertical):
     LivePanel #live-state { height: auto; color: $text-muted; }
     LivePanel #live-counts, LivePanel #live-kv { height: 1; }
     LivePanel #kv-bar { height: 1; }
+    LivePanel .metric { display: none; }
+    LivePanel.-running .metric { display: block; }
     """
 
     def __init__(self, **kwargs: object) -> None:
@@ -59,18 +62,24 @@ class LivePanel(Vertical):
         self.latest: EngineMetrics | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("No model loaded — press [b]l[/b] to load it.", id="live-state")
-        yield RateView("decode", id="decode-rate")
-        yield RateView("prefill", id="prefill-rate")
-        yield Static(id="live-counts")
-        yield Static(id="live-kv")
-        yield StackedBar(id="kv-bar")
+        yield Static(NOT_LOADED, id="live-state")
+        yield RateView("decode", id="decode-rate", classes="metric")
+        yield RateView("prefill", id="prefill-rate", classes="metric")
+        yield Static(id="live-counts", classes="metric")
+        yield Static(id="live-kv", classes="metric")
+        yield StackedBar(id="kv-bar", classes="metric")
 
     def show_state(self, text: str) -> None:
         self.query_one("#live-state", Static).update(text)
 
+    def show_unloaded(self) -> None:
+        self.latest = None
+        self.remove_class("-running")
+        self.show_state(NOT_LOADED)
+
     def show_metrics(self, metrics: EngineMetrics, *, frozen: bool) -> None:
         self.latest = metrics
+        self.add_class("-running")
         self.query_one("#decode-rate", RateView).push(metrics.decode_tok_s, frozen=frozen)
         self.query_one("#prefill-rate", RateView).push(metrics.prefill_tok_s, frozen=frozen)
         self.query_one("#live-counts", Static).update(counts_text(metrics, frozen=frozen))

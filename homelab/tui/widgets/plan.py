@@ -3,6 +3,7 @@ the capacity table and the planner's reasons."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -88,6 +89,7 @@ class PlanPanel(VerticalScroll):
         self.border_title = "Model & plan"
         self.knobs = Knobs()
         self.quants: tuple[str, ...] = ()
+        self.view: PlanView | None = None  # what is on screen
 
     def compose(self) -> ComposeResult:
         yield Static("choosing a model…", id="model-line")
@@ -149,10 +151,18 @@ class PlanPanel(VerticalScroll):
     def show_stale_engine(self) -> None:
         self.query_one("#stale").display = True
 
-    def show_failure(self, title: str, message: str) -> None:
-        self.query_one("#verdict", Static).update(f"[b $error]✘ {title}[/]\n{message}")
+    async def show_failure(self, title: str, message: str) -> None:
+        """No plan: say why and what to do; the bars and tables of the last plan go."""
+        self.view = None
+        self.query_one("#verdict", Static).update(
+            f"[b $error]✘ {escape(title)}[/]\n{escape(message)}"
+        )
+        for selector in ("#settings-line", "#capacity", "#reasons"):
+            self.query_one(selector, Static).update("")
+        await self.query_one("#devices", Vertical).remove_children()
 
     async def show_plan(self, view: PlanView) -> None:
+        self.view = view
         self.query_one("#stale").display = False
         self.query_one("#verdict", Static).update(view.verdict)
         self.query_one("#settings-line", Static).update(view.settings_line)

@@ -14,7 +14,7 @@ from textual.widgets import Button, DataTable, Static
 
 from homelab.tui.format import HIDDEN, rate
 
-LOG_COLUMNS = ("status", "tenant", "prompt tok", "answer tok", "tok/s")
+LOG_COLUMNS = ("status", "route", "tenant", "prompt tok", "answer tok", "tok/s")
 MAX_LOG_ROWS = 200
 
 
@@ -78,11 +78,13 @@ class ServerPanel(Vertical):
 
 
 def log_row(entry: object, *, frozen: bool) -> tuple[str, ...]:
-    decode = getattr(entry, "decode_tok_s", None)
+    """A request record (homelab.server.middleware.RequestRecord) as table cells."""
+    tok_s = getattr(entry, "completion_tok_s", None)
     return (
         str(getattr(entry, "status", "?")),
+        str(getattr(entry, "route", "")),
         str(getattr(entry, "tenant", "?")),
         str(getattr(entry, "prompt_tokens", "")),
         str(getattr(entry, "completion_tokens", "")),
-        HIDDEN if frozen else rate(decode),
+        HIDDEN if frozen else rate(tok_s),
     )
