@@ -23,6 +23,8 @@ from homelab.planner.search import PlanRequest
 from homelab.planner.settings import Settings
 from homelab.planner.sizes import format_size, parse_size
 
+TABLE_UBATCH = 512  # llama.cpp's default micro-batch
+
 
 def resolve_model_path(spec: str) -> Path:
     """A GGUF path, or a generated demo model: ``demo``, ``demo:bench``, ``demo:bench:Q8_0``,
@@ -76,15 +78,25 @@ def profile_hardware_id(hardware: Hardware) -> str:
     return device.hardware_id or device.label
 
 
-def planned(info: ModelInfo, hardware: Hardware, ctx: int | None = None) -> Plan:
-    """The plan for exactly this weights file (its quant is fixed) on ``hardware``."""
+def planned(info: ModelInfo, hardware: Hardware, min_ctx: int | None = None) -> Plan:
+    """The plan ``homelab plan`` makes for exactly this weights file (its quant fixed); when
+    that finds nothing (a small ``--budget``), the plan with at least ``min_ctx`` per slot."""
     try:
-        return plan_model(info, hardware, PlanRequest(ctx=ctx), verify=False)
+        return plan_model(info, hardware, PlanRequest(), verify=False)
     except PlanError as error:
-        raise BenchError(
-            f"the planner finds no configuration of {info.name} that fits: {error}",
-            hint="Give a larger --budget, or a smaller quant of the model.",
-        ) from error
+        if min_ctx is None:
+            raise _no_plan(info, error) from error
+    try:
+        return plan_model(info, hardware, PlanRequest(ctx=min_ctx), verify=False)
+    except PlanError as error:
+        raise _no_plan(info, error) from error
+
+
+def _no_plan(info: ModelInfo, error: PlanError) -> BenchError:
+    return BenchError(
+        f"the planner finds no configuration of {info.name} that fits: {error}",
+        hint="Give a larger --budget, or a smaller quant of the model.",
+    )
 
 
 def fit_check(info: ModelInfo, hardware: Hardware, n_ctx_per_request: int) -> FitCheck:
@@ -99,6 +111,7 @@ def fit_check(info: ModelInfo, hardware: Hardware, n_ctx_per_request: int) -> Fi
             kv=(kv_type, kv_type),
             flash_attn=True,
             n_gpu_layers=full_offload,
+            n_ubatch=TABLE_UBATCH,  # the same compute buffer for every cell: only K/V differs
         )
         try:
             plan = plan_model(info, hardware, request, verify=False)
@@ -125,5 +138,6 @@ def _needed_bytes(
         type_v=kv_type,
         flash_attn=True,
         n_gpu_layers=info.n_layer + 1 if hardware.has_gpu else 0,
+        n_ubatch=TABLE_UBATCH,
     )
     return estimate_memory(info, settings, hardware).total_bytes

@@ -59,10 +59,6 @@ class Spread:
         document["samples"] = list(self.samples)
         return document
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Spread:
-        return cls.of(data["samples"])
-
 
 @dataclass(frozen=True)
 class SpeedResult:

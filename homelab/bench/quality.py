@@ -340,7 +340,12 @@ def _load_model(lib: Any, path: str) -> Any:
     with capture_log() as lines:
         model = lib.llama_model_load_from_file(path.encode(), params)
     if not model:
-        raise ModelFileError(path, f"llama.cpp could not load it: {_last_lines(joined(lines))}")
+        raise ModelFileError(
+            path,
+            f"llama.cpp could not load it: {_last_lines(joined(lines))}",
+            hint="The reference and the plan's weights are loaded together; if both do not fit "
+            "in memory, pass a smaller --reference (or the plan's own file).",
+        )
     return model
 
 

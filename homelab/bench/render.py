@@ -8,11 +8,18 @@ a terminal.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rich.console import Console, Group, RenderableType
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -25,19 +32,33 @@ KV_STYLES = {"f16": "cyan", "q8_0": "green", "q4_0": "magenta"}
 CHART_WIDTH = 40
 MIB = 1024 * 1024
 
-Advance = Callable[[str], None]
-
 
 # --- progress ----------------------------------------------------------------------------
 
 
+class Ticker:
+    """Moves a progress bar: ``ticker(what)`` for one more step, ``ticker.set(done, total)``."""
+
+    def __init__(self, progress: Progress | None = None, task: TaskID | None = None) -> None:
+        self._progress = progress
+        self._task = task
+
+    def __call__(self, what: str) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, advance=1, last=what)
+
+    def set(self, done: int, total: int, what: str = "") -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=done, total=total, last=what)
+
+
 @contextmanager
-def progress_bar(total: int, title: str, *, enabled: bool | None = None) -> Iterator[Advance]:
-    """A bar on stderr; yields ``advance(what_just_finished)``."""
+def progress_bar(total: int | None, title: str, *, enabled: bool | None = None) -> Iterator[Ticker]:
+    """A bar on stderr (only when it is a terminal); ``total`` None until it is known."""
     if enabled is None:
         enabled = sys.stderr.isatty()
     if not enabled:
-        yield lambda _what: None
+        yield Ticker()
         return
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -47,8 +68,7 @@ def progress_bar(total: int, title: str, *, enabled: bool | None = None) -> Iter
         TextColumn("{task.fields[last]}"),
     )
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(title, total=total, last="")
-        yield lambda what: progress.update(task, advance=1, last=what)
+        yield Ticker(progress, progress.add_task(title, total=total, last=""))
 
 
 # --- formatting helpers ------------------------------------------------------------------
@@ -189,13 +209,18 @@ def _bar(fraction: float, width: int) -> str:
 
 
 def bench_report(
-    speed: SpeedResult | None, table: ConcurrencyTable | None, profile_path: str | None
+    speed: SpeedResult | None,
+    table: ConcurrencyTable | None,
+    profile_path: str | None,
+    warning: str | None = None,
 ) -> list[RenderableType]:
     parts: list[RenderableType] = []
     if speed is not None:
         parts.append(speed_table(speed))
     if table is not None:
         parts += [concurrency_table(table), concurrency_chart(table)]
+    if warning:
+        parts.append(Text(warning, style="yellow"))
     if profile_path:
         parts.append(
             Text(
@@ -214,38 +239,37 @@ def quality_table(result: QualityResult) -> Table:
     reference = result.reference
     table = Table(
         title=(
-            f"Quality against the reference ({reference.quant} weights, f16 K/V): "
-            f"{result.n_scored_tokens} scored tokens of {result.text_source}, "
-            f"chunks of {result.n_ctx}"
+            f"Quality cost vs {reference.quant} weights with an f16 K/V cache "
+            f"({result.n_scored_tokens} tokens scored, chunks of {result.n_ctx})"
         ),
-        caption=f"reference perplexity {result.reference_perplexity:,.4g}; "
-        f"measured in {result.elapsed_s:.0f} s",
+        caption=(
+            f"text: {result.text_source}; reference perplexity "
+            f"{result.reference_perplexity:,.4g}; {result.elapsed_s:.0f} s"
+        ),
         title_justify="left",
     )
-    for name in (
-        "configuration",
-        "KLD mean",
-        "KLD p99",
-        "KLD max",
-        "top-1 same",
-        "perplexity",
-        "Δ ppl",
-    ):
-        table.add_column(name, justify="left" if name == "configuration" else "right")
+    table.add_column("")
+    table.add_column("weights")
+    table.add_column("K/V")
+    for name in ("KLD mean", "KLD p99", "top-1 =", "ppl", "Δ ppl"):
+        table.add_column(name, justify="right")
     for row in result.rows:
-        table.add_row(
-            *_quality_cells(row, result.reference_perplexity), style="bold" if row.is_plan else None
-        )
+        cells = _quality_cells(row, result.reference_perplexity)
+        table.add_row(*cells, style="bold" if row.is_plan else None)
     return table
 
 
 def _quality_cells(row: QualityRow, reference_perplexity: float) -> list[str]:
-    label = f"{row.config.label} ← plan" if row.is_plan else row.config.label
+    config = row.config
+    kv = config.type_k if config.type_k == config.type_v else f"{config.type_k}/{config.type_v}"
+    if not config.flash_attn:
+        kv += " (no FA)"
     return [
-        f"{label}: {row.config.describe()}",
+        "plan" if row.is_plan else "",
+        config.quant,
+        kv,
         f"{row.kld_mean:.6f}",
         f"{row.kld_p99:.6f}",
-        f"{row.kld_max:.6f}",
         f"{row.top1_agreement:.2%}",
         f"{row.perplexity:,.4g}",
         f"{perplexity_change(row.perplexity, reference_perplexity):+.3%}",

@@ -1,9 +1,10 @@
 """Where measurements are kept: hardware profiles (speed) and the last quality result per model.
 
-    data_dir()/profiles/<model>-<quant>-<kv>-<hardware>.json   one per configuration measured
-    data_dir()/quality/<model>.json                             the last `homelab quality`
+    data_dir()/profiles/<model>-<quant>-<machine>.json   the last `homelab bench`: a list of
+                                                         records, one per K/V type measured
+    data_dir()/quality/<model>.json                      the last `homelab quality`
 
-A profile carries the flat keys the planner reads (``model_name``, ``quant``, ``type_k``,
+A profile record carries the flat keys the planner reads (``model_name``, ``quant``, ``type_k``,
 ``decode_tok_s``, ``prefill_tok_s``, ``hardware_id``; see
 ``homelab.planner.predict.load_measured_profile``) and, beside them, everything needed to
 trust or discard it later: the machine (GPUs, CPU, llama.cpp build), the settings, every
@@ -48,7 +49,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower() or "model"
 
 
-def write_json(path: Path, document: dict[str, Any]) -> Path:
+def write_json(path: Path, document: dict[str, Any] | list[dict[str, Any]]) -> Path:
     """Write ``document`` to ``path`` atomically (a reader never sees half a file)."""
     ensure_dir(path.parent)
     with tempfile.NamedTemporaryFile(
@@ -60,19 +61,11 @@ def write_json(path: Path, document: dict[str, Any]) -> Path:
     return path
 
 
-# --- hardware identity -------------------------------------------------------------------
-
-
-def hardware_id(report: HardwareReport) -> str:
-    """A stable name for this machine's compute: its GPUs, else its CPU."""
-    if report.gpus:
-        names = sorted(gpu.name for gpu in report.gpus)
-        return "gpu:" + "+".join(names)
-    cores = report.cpu.usable_cores or report.cpu.logical_cores or 0
-    return f"cpu:{report.cpu.model} x{cores}"
+# --- profiles ----------------------------------------------------------------------------
 
 
 def hardware_summary(report: HardwareReport) -> dict[str, Any]:
+    """The machine a profile was measured on, for whoever reads the profile later."""
     return {
         "gpus": [
             {"name": g.name, "uuid": g.uuid, "memory_total_bytes": g.memory_total_bytes}
@@ -87,57 +80,70 @@ def hardware_summary(report: HardwareReport) -> dict[str, Any]:
     }
 
 
-# --- profiles ----------------------------------------------------------------------------
-
-
-def profile_document(
+def profile_records(
     *,
     model_name: str,
     model_path: str,
+    hardware_id: str,
+    hardware: dict[str, Any],
     speed: SpeedResult,
     table: ConcurrencyTable | None,
-    report: HardwareReport,
-) -> dict[str, Any]:
+) -> list[dict[str, Any]]:
+    """The planned configuration's pp/tg record first, then one per other K/V type of the
+    table, from its single-request row (decode rate; prefill from that row's TTFT)."""
     settings = speed.settings
-    return {
-        "format": PROFILE_FORMAT,
-        "model_name": model_name,
-        "quant": settings.quant,
+    base = {"format": PROFILE_FORMAT, "model_name": model_name, "quant": settings.quant}
+    base |= {"hardware_id": hardware_id, "measured_at": now_iso(), "model_path": model_path}
+    first = base | {
         "type_k": settings.type_k,
         "type_v": settings.type_v,
         "decode_tok_s": speed.decode_tok_s.median,
         "prefill_tok_s": speed.prefill_tok_s.median,
-        "hardware_id": hardware_id(report),
-        "measured_at": now_iso(),
-        "model_path": model_path,
-        "hardware": hardware_summary(report),
+        "source": f"{speed.pp_label}/{speed.tg_label}, median of {speed.repetitions}",
+        "hardware": hardware,
         "settings": settings.to_dict(),
         "speed": speed.to_dict(),
         "concurrency": table.to_dict() if table is not None else None,
     }
+    return [first, *_table_records(base, table, {settings.type_k})]
 
 
-def profile_file(document: dict[str, Any]) -> Path:
-    machine = hashlib.sha256(str(document["hardware_id"]).encode()).hexdigest()[:10]
-    name = "-".join(slug(str(document[key])) for key in ("model_name", "quant", "type_k"))
-    return profiles_path() / f"{name}-{machine}.json"
-
-
-def save_profile(document: dict[str, Any]) -> Path:
-    return write_json(profile_file(document), document)
-
-
-def load_profiles() -> list[dict[str, Any]]:
-    """Every readable profile (unreadable files are skipped: a profile is a hint, not a need)."""
-    documents = []
-    for path in sorted(profiles_path().glob("*.json")):
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+def _table_records(
+    base: dict[str, Any], table: ConcurrencyTable | None, done: set[str]
+) -> list[dict[str, Any]]:
+    records = []
+    for kv_type in table.kv_types if table is not None else ():
+        cell = table.cell(kv_type, 1) if table is not None else None
+        if kv_type in done or cell is None or not cell.measured or not cell.ttft_p50_s:
             continue
-        if isinstance(document, dict):
-            documents.append(document)
-    return documents
+        assert table is not None and cell.mean_stream_decode_tok_s is not None
+        records.append(
+            base
+            | {
+                "type_k": kv_type,
+                "type_v": kv_type,
+                "decode_tok_s": cell.mean_stream_decode_tok_s,
+                "prefill_tok_s": table.prompt_tokens / cell.ttft_p50_s,
+                "source": f"concurrency table, 1 request of {table.prompt_tokens} + "
+                f"{table.generated_tokens} tokens",
+            }
+        )
+    return records
+
+
+def profile_file(records: list[dict[str, Any]]) -> Path:
+    """One file per model, quant and machine: a new run replaces the last one."""
+    first = records[0]
+    machine = hashlib.sha256(str(first["hardware_id"]).encode()).hexdigest()[:10]
+    return profiles_path() / f"{slug(first['model_name'])}-{slug(first['quant'])}-{machine}.json"
+
+
+def save_profile(records: list[dict[str, Any]]) -> Path:
+    if not records:
+        raise ValueError("no profile records to save")
+    path = profile_file(records)
+    ensure_dir(path.parent)
+    return write_json(path, records)
 
 
 # --- quality -----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -140,3 +141,40 @@ def test_chunks_start_with_bos_and_drop_the_incomplete_tail() -> None:
     assert [p[0] for p in pieces] == [1, 1, 1]
     assert pieces[1][1:] == tokens[9:16]
     assert chunks(tokens, 8, bos=None, max_chunks=2)[0] == tokens[:8]
+
+
+def test_quality_command_compares_the_plan_and_saves_the_result(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from homelab.cli import main
+
+    monkeypatch.setenv("HOMELAB_HOME", str(tmp_path))
+    code = main(["quality", "demo:tiny:Q8_0", "--ctx", "128", "--chunks", "2", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["reference"]["quant"] == "F16"  # the more precise file beside the Q8_0
+    labels = [row["config"]["type_k"] for row in document["rows"]]
+    assert sorted(set(labels)) == ["f16", "q4_0", "q8_0"]
+    plan_rows = [row for row in document["rows"] if row["is_plan"]]
+    assert len(plan_rows) == 1 and plan_rows[0]["config"]["quant"] == "Q8_0"
+    assert all(row["kld_mean"] > 0 for row in document["rows"])  # Q8_0 weights differ from F16
+    assert document["saved_to"] == str(quality_file(document["model_name"]))
+    assert load_last_quality(document["model_name"]) is not None
+
+
+def test_quality_command_reads_a_given_text(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from homelab.cli import main
+
+    text = tmp_path / "essay.txt"
+    text.write_text("the cache holds the keys and values of every token. " * 40)
+    code = main(["quality", "demo", "--text", str(text), "--ctx", "64", "--no-save", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    document = json.loads(out)
+    assert document["text_source"] == str(text)
+    assert document["saved_to"] is None
+    missing = main(["quality", "demo", "--text", str(tmp_path / "nope.txt")])
+    assert missing == 1 and "cannot read the text" in capsys.readouterr().err
