@@ -27,25 +27,18 @@ TABLE_UBATCH = 512  # llama.cpp's default micro-batch
 
 
 def resolve_model_path(spec: str) -> Path:
-    """A GGUF path, or a generated demo model: ``demo``, ``demo:bench``, ``demo:bench:Q8_0``,
-    or the engine's ``demo:ARCH:SIZE:QUANT`` form."""
-    if spec.lower() == "demo" or spec.lower().startswith("demo:"):
-        return _demo_path(spec.split(":")[1:])
+    """A GGUF path, or a generated demo model (``demo``, ``demo:bench[:QUANT]``,
+    ``demo:ARCH:SIZE:QUANT``)."""
+    from homelab.gguf.demo import demo_ref_path, is_demo_ref
+
+    if is_demo_ref(spec):
+        return demo_ref_path(spec)
     path = Path(spec).expanduser()
     if not path.is_file():
         raise ModelFileError(
             path, "file not found", hint="Give a .gguf file, or `demo:bench` for the demo model."
         )
     return path
-
-
-def _demo_path(parts: list[str]) -> Path:
-    from homelab.gguf.demo import ARCHS, demo_model_path
-
-    arch = parts.pop(0) if parts and parts[0] in ARCHS else "llama"
-    size = parts[0] if parts and parts[0] else "tiny"
-    quant = parts[1] if len(parts) > 1 else "F16"
-    return demo_model_path(arch, size, quant)
 
 
 def parse_budget(text: str | None) -> int | None:

@@ -315,3 +315,26 @@ def demo_model_path(
 
         quantize_file(f16_path, target, quant)
     return target
+
+
+def is_demo_ref(spec: str) -> bool:
+    """True for ``demo`` and ``demo:...`` — the names of generated demo models."""
+    return spec.lower() == "demo" or spec.lower().startswith("demo:")
+
+
+def demo_ref_path(spec: str) -> Path:
+    """The generated model a ``demo[:ARCH][:SIZE][:QUANT]`` name stands for.
+
+    ``demo`` is the tiny llama; ``demo:bench``, ``demo:bench:Q8_0``, ``demo:moe``,
+    ``demo:gemma3:tiny:Q4_0`` pick the others. Generated on first use.
+    """
+    parts = [p for p in spec.split(":")[1:] if p]
+    arch = parts.pop(0).lower() if parts and parts[0].lower() in ARCHS else "llama"
+    size = parts.pop(0).lower() if parts and parts[0].lower() in SIZES else "tiny"
+    quant = parts.pop(0).upper() if parts else "F16"
+    if parts:
+        raise HomelabError(
+            f"cannot read the demo model name {spec!r}",
+            hint="Use demo[:ARCH][:SIZE][:QUANT], e.g. demo:llama:bench:Q8_0.",
+        )
+    return demo_model_path(arch, size, quant)

@@ -23,11 +23,15 @@ QUANT_SUFFIX = re.compile(
 
 
 def resolve_model(name: str, quant: str | None = None) -> list[ModelInfo]:
-    """The quant variants ``name`` stands for (a GGUF path, ``ORG/NAME[:QUANT]`` on the Hugging
-    Face hub, or a catalogue name), best first.
+    """The quant variants ``name`` stands for (a GGUF path, a ``demo[:ARCH][:SIZE][:QUANT]``
+    model, ``ORG/NAME[:QUANT]`` on the Hugging Face hub, or a catalogue name), best first.
 
     With ``quant``, only that variant (PlanError listing the available ones if it is absent).
     """
+    from homelab.gguf.demo import demo_ref_path, is_demo_ref
+
+    if is_demo_ref(name):  # demo[:ARCH][:SIZE][:QUANT], generated on first use
+        return _local_variants(demo_ref_path(name), quant)
     path = Path(name).expanduser()
     if path.suffix.lower() == ".gguf" or path.exists():
         return _local_variants(path, quant)

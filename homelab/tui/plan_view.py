@@ -48,6 +48,7 @@ class PlanView:
     devices: list[DeviceView] = field(default_factory=list)
     capacity_rows: list[tuple[str, str, str, str]] = field(default_factory=list)
     reasons: str = ""
+    quality: str = ""  # the last `homelab quality` result for this model, if any
 
     @property
     def capacity(self) -> Table:
@@ -71,7 +72,18 @@ def plan_view(plan: Plan, load_report: Any = None) -> PlanView:
         devices=[device_view(d, actual) for d in reversed(plan.memory.devices)],  # GPUs first
         capacity_rows=[capacity_cells(row) for row in plan.capacity],
         reasons="\n".join(f"• {escape(reason)}" for reason in plan.reasons),
+        quality=quality_line(plan.model_name),
     )
+
+
+def quality_line(model_name: str) -> str:
+    """The last measured quality cost of this model (``homelab quality``), or ""."""
+    from homelab.bench.store import load_last_quality
+
+    result = load_last_quality(model_name)
+    if result is None:
+        return ""
+    return f"[b]Measured quality[/b] {escape(result.summary())}"
 
 
 def verdict(plan: Plan) -> str:

@@ -76,6 +76,7 @@ class PlanPanel(VerticalScroll):
     PlanPanel #devices { height: auto; margin-top: 1; }
     PlanPanel #capacity { height: auto; }
     PlanPanel #reasons { height: auto; color: $text-muted; }
+    PlanPanel #quality { height: auto; display: none; margin-top: 1; }
     PlanPanel .section { height: 1; color: $accent; text-style: bold; margin-top: 1; }
     """
 
@@ -108,6 +109,7 @@ class PlanPanel(VerticalScroll):
         yield Vertical(id="devices")
         yield Static("Context reachable (tokens per slot)", classes="section")
         yield Static(id="capacity")
+        yield Static(id="quality")
         yield Static("Why", classes="section")
         yield Static(id="reasons")
 
@@ -157,7 +159,7 @@ class PlanPanel(VerticalScroll):
         self.query_one("#verdict", Static).update(
             f"[b $error]✘ {escape(title)}[/]\n{escape(message)}"
         )
-        for selector in ("#settings-line", "#capacity", "#reasons"):
+        for selector in ("#settings-line", "#capacity", "#quality", "#reasons"):
             self.query_one(selector, Static).update("")
         await self.query_one("#devices", Vertical).remove_children()
 
@@ -168,6 +170,9 @@ class PlanPanel(VerticalScroll):
         self.query_one("#settings-line", Static).update(view.settings_line)
         await self._show_devices(view)
         self.query_one("#capacity", Static).update(view.capacity)
+        quality = self.query_one("#quality", Static)
+        quality.update(view.quality)
+        quality.display = bool(view.quality)
         self.query_one("#reasons", Static).update(view.reasons)
 
     async def _show_devices(self, view: PlanView) -> None:
