@@ -3,6 +3,10 @@
 Every contender runs the same model file with the same thread count and flash-attention
 setting, in the same run, interleaved round by round (A B C A B C …) so that noise from a
 shared machine hits all of them alike; each figure is the best and the median of the rounds.
+Each measurement runs in a fresh process: ggml's CPU backend uses OpenMP, and once two
+threads of one process have run parallel regions libgomp counts more threads than CPUs and
+stops spinning between regions, which costs 15-20% at 2 threads — the contenders must not
+slow each other down that way.
 
 Measured:
 
@@ -20,13 +24,15 @@ from __future__ import annotations
 import json
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.llama_tools import tool_path
+from benchmarks.llama_tools import HERE, tool_path
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
 from homelab.planner.settings import Settings
@@ -194,6 +200,43 @@ def engine_ttft(config: BenchConfig, round_index: int) -> tuple[float, float]:
     return cold.finish.stats.ttft_s, hit.finish.stats.ttft_s
 
 
+# --- one measurement per process -------------------------------------------------------------
+
+WORKERS: dict[str, Callable[..., Any]] = {
+    "engine stream default": lambda c: engine_single_stream(c, SAMPLING_DEFAULT),
+    "engine stream greedy": lambda c: engine_single_stream(c, SAMPLING_GREEDY),
+    "Llama stream default": lambda c: llama_python_stream(c, SAMPLING_DEFAULT),
+    "Llama stream greedy": lambda c: llama_python_stream(c, SAMPLING_GREEDY),
+    "engine aggregate": engine_aggregate,
+    "engine ttft": engine_ttft,
+}
+
+
+def isolated(name: str, config: BenchConfig, *args: Any) -> Any:
+    """Run ``WORKERS[name](config, *args)`` in a fresh Python process; return its result."""
+    payload = {"name": name, "config": {**config.__dict__, "model": str(config.model)}}
+    payload["args"] = list(args)
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_bench", json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        cwd=HERE.parent,
+        timeout=900,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"benchmark worker {name!r} failed:\n{result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _worker_main(payload_text: str) -> None:
+    payload = json.loads(payload_text)
+    config_fields = payload["config"]
+    config_fields["model"] = Path(config_fields["model"])
+    config_fields["streams"] = tuple(config_fields["streams"])
+    value = WORKERS[payload["name"]](BenchConfig(**config_fields), *payload["args"])
+    print(json.dumps(value))
+
+
 # --- a shared machine --------------------------------------------------------------------------
 
 
@@ -227,37 +270,52 @@ def wait_for_quiet(min_idle: float, max_wait_s: float, log: Callable[[str], None
 # --- the run ---------------------------------------------------------------------------------
 
 
+Measurement = tuple[str, str, Callable[[], float]]  # name, unit, how to take one value
+
+
+def _round(config: BenchConfig, round_index: int) -> list[Measurement]:
+    ttft: dict[str, float] = {}
+
+    def ttft_cold() -> float:
+        ttft["cold"], ttft["hit"] = isolated("engine ttft", config, round_index)
+        return ttft["cold"]
+
+    prefix = config.ttft_prefix_tokens
+    plan: list[Measurement] = [
+        ("llama-bench tg128", "tok/s", partial(llama_bench_tg, config)),
+        ("engine stream (default sampling)", "tok/s",
+         partial(isolated, "engine stream default", config)),
+        ("Llama stream (default sampling)", "tok/s",
+         partial(isolated, "Llama stream default", config)),
+        ("engine stream (greedy)", "tok/s", partial(isolated, "engine stream greedy", config)),
+        ("Llama stream (greedy)", "tok/s", partial(isolated, "Llama stream greedy", config)),
+    ]  # fmt: skip
+    for streams in config.streams:
+        plan.append(
+            (
+                f"llama-batched-bench {streams} seqs",
+                "tok/s",
+                partial(batched_bench_tg, config, streams),
+            )
+        )
+        plan.append(
+            (f"engine {streams} streams", "tok/s",
+             partial(isolated, "engine aggregate", config, streams))
+        )  # fmt: skip
+    plan.append((f"TTFT {prefix}-token prompt, cold", "s", ttft_cold))
+    plan.append((f"TTFT {prefix}-token prompt, prefix hit", "s", lambda: ttft["hit"]))
+    return plan
+
+
 def measure(config: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Series]:
     series: dict[str, Series] = {}
-
-    def add(name: str, unit: str, measure_once: Callable[[], float]) -> None:
-        idle = wait_for_quiet(config.min_idle, config.max_wait_s, log)
-        value = measure_once()
-        series.setdefault(name, Series(name, unit)).values.append(value)
-        log(f"  {name:<40} {value:9.3f} {unit}   (CPUs {idle:.0%} idle before)")
-
     for round_index in range(config.rounds):
         log(f"round {round_index + 1}/{config.rounds}")
-        add("llama-bench tg128", "tok/s", lambda: llama_bench_tg(config))
-        add("engine stream (default sampling)", "tok/s",
-            lambda: engine_single_stream(config, SAMPLING_DEFAULT))
-        add("Llama stream (default sampling)", "tok/s",
-            lambda: llama_python_stream(config, SAMPLING_DEFAULT))
-        add("engine stream (greedy)", "tok/s", lambda: engine_single_stream(config, SAMPLING_GREEDY))
-        add("Llama stream (greedy)", "tok/s", lambda: llama_python_stream(config, SAMPLING_GREEDY))
-        for streams in config.streams:
-            add(f"llama-batched-bench {streams} seqs", "tok/s",
-                lambda n=streams: batched_bench_tg(config, n))  # type: ignore[misc]
-            add(f"engine {streams} streams", "tok/s",
-                lambda n=streams: engine_aggregate(config, n))  # type: ignore[misc]
-        ttft: dict[str, float] = {}
-
-        def cold() -> float:
-            ttft["cold"], ttft["hit"] = engine_ttft(config, round_index)
-            return ttft["cold"]
-
-        add(f"TTFT {config.ttft_prefix_tokens}-token prompt, cold", "s", cold)
-        add(f"TTFT {config.ttft_prefix_tokens}-token prompt, prefix hit", "s", lambda: ttft["hit"])
+        for name, unit, take in _round(config, round_index):
+            idle = wait_for_quiet(config.min_idle, config.max_wait_s, log)
+            value = take()
+            series.setdefault(name, Series(name, unit)).values.append(value)
+            log(f"  {name:<40} {value:9.3f} {unit}   (CPUs {idle:.0%} idle before)")
     return series
 
 
@@ -283,7 +341,8 @@ def ratios(series: dict[str, Series], config: BenchConfig) -> list[Ratio]:
         Ratio("engine / llama-bench tg128 (single stream)",
               best("engine stream (default sampling)") / best("llama-bench tg128"), 0.9),
         Ratio("engine / Llama streaming (default sampling)",
-              best("engine stream (default sampling)") / best("Llama stream (default sampling)"), 1.3),
+              best("engine stream (default sampling)")
+              / best("Llama stream (default sampling)"), 1.3),
         Ratio("engine / Llama streaming (greedy)",
               best("engine stream (greedy)") / best("Llama stream (greedy)"), 1.0),
     ]  # fmt: skip
@@ -336,3 +395,7 @@ def save(series: dict[str, Series], found: list[Ratio], config: BenchConfig, fol
     }
     path.write_text(json.dumps(document, indent=2))
     return path
+
+
+if __name__ == "__main__":
+    _worker_main(sys.argv[1])

@@ -51,7 +51,9 @@ def find_sources(version: str | None = None, *, download: bool = True) -> Path:
     candidates = [Path(p) for p in (os.environ.get("HOMELAB_LLAMA_SRC"),) if p]
     candidates += [Path("/tmp/src") / folder, SDIST_CACHE / folder]
     for candidate in candidates:
-        tree = _vendored_tree(candidate) or (candidate if (candidate / "CMakeLists.txt").is_file() else None)
+        tree = _vendored_tree(candidate) or (
+            candidate if (candidate / "CMakeLists.txt").is_file() else None
+        )
         if tree is not None:
             return tree
     if not download:

@@ -25,8 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", default="8,16", help="concurrent streams to compare (8,16)")
     parser.add_argument("--ttft-prefix", type=int, default=2000, help="prompt tokens for TTFT")
-    parser.add_argument("--min-idle", type=float, default=0.8,
-                        help="wait for this share of idle CPU before each measurement (0.8)")
+    parser.add_argument(
+        "--min-idle",
+        type=float,
+        default=0.8,
+        help="wait for this share of idle CPU before each measurement (0.8)",
+    )
     parser.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait for it")
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compile jobs (2)")
@@ -49,8 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         min_idle=args.min_idle,
         max_wait_s=args.max_wait,
     )
-    print(f"model {config.model} · threads {config.threads} · flash attention "
-          f"{'on' if config.flash_attn else 'off'} · {config.rounds} rounds", file=sys.stderr)
+    print(
+        f"model {config.model} · threads {config.threads} · flash attention "
+        f"{'on' if config.flash_attn else 'off'} · {config.rounds} rounds",
+        file=sys.stderr,
+    )
     series = measure(config, log=lambda line: print(line, file=sys.stderr, flush=True))
     found = ratios(series, config)
     print(markdown(series, found))

@@ -1,7 +1,7 @@
 """``homelab run MODEL``: load a model, stream an answer, end with prompt/decode tok/s and TTFT.
 
-MODEL is a GGUF path or ``demo:ARCH[:SIZE[:QUANT]]`` (a generated demo model, e.g.
-``demo:llama:bench:Q8_0``). ``--prompt TEXT`` sends one completion; ``--chat`` reads user
+MODEL is a GGUF path or ``demo[:ARCH][:SIZE][:QUANT]`` (a generated demo model, e.g.
+``demo:bench:Q8_0``). ``--prompt TEXT`` sends one completion; ``--chat`` reads user
 turns from stdin (one per line) and answers through the model's chat template. Plan flags
 (``--ctx``, ``--parallel``, ``--kv-type``…) set the llama.cpp knobs directly.
 Imports nothing heavy at module level.
@@ -23,14 +23,26 @@ KV_CHOICES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="GGUF path, or demo:ARCH[:SIZE[:QUANT]]")
+    parser.add_argument("model", metavar="MODEL", help="GGUF path, or demo[:ARCH][:SIZE][:QUANT]")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--prompt", help="complete this text and exit")
     mode.add_argument("--chat", action="store_true", help="chat: one user turn per stdin line")
     parser.add_argument("--system", help="system message for --chat")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens to generate (256)")
     _sampling_flags(parser.add_argument_group("sampling"))
-    _plan_flags(parser.add_argument_group("plan (llama.cpp settings)"))
+    try:
+        from homelab.planner.cli import add_plan_arguments
+    except ImportError:  # no planner in this build: the llama.cpp knobs directly
+        _plan_flags(parser.add_argument_group("plan (llama.cpp settings)"))
+        parser.set_defaults(no_plan=True)
+        return
+    add_plan_arguments(parser)  # the same knobs as `homelab plan` and `homelab serve`
+    engine = parser.add_argument_group("engine")
+    engine.add_argument(
+        "--no-plan", action="store_true", help="skip the planner: load the flags as given"
+    )
+    engine.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    engine.add_argument("--batch", type=int, help="n_batch (default 2048)")
 
 
 def _sampling_flags(group: argparse._ArgumentGroup) -> None:
@@ -47,49 +59,110 @@ def _sampling_flags(group: argparse._ArgumentGroup) -> None:
 
 
 def _plan_flags(group: argparse._ArgumentGroup) -> None:
-    group.add_argument("--ctx", type=int, default=4096, help="context per slot (4096)")
-    group.add_argument("--parallel", type=int, default=1, help="slots (1)")
-    group.add_argument("--kv-type", choices=KV_CHOICES, default="f16", help="K and V cache type")
-    group.add_argument("--flash-attn", action="store_true", help="enable flash attention")
-    group.add_argument("--gpu-layers", type=int, default=0, help="layers on the GPU (-1 = all)")
-    group.add_argument("--n-cpu-moe", type=int, default=0, help="keep experts of N layers on CPU")
-    group.add_argument("--threads", type=int, default=None)
-    group.add_argument("--batch", type=int, default=2048, help="n_batch (2048)")
-    group.add_argument("--ubatch", type=int, default=512, help="n_ubatch (512)")
+    """Knobs fixed for the planner (unset ones it chooses); with --no-plan, used as given."""
+    group.add_argument("--no-plan", action="store_true", help="skip the planner: flags as given")
+    group.add_argument("--ctx", type=int, help="context per slot")
+    group.add_argument("--parallel", type=int, help="slots (parallel requests)")
+    group.add_argument("--kv-type", choices=KV_CHOICES, help="K and V cache type")
+    group.add_argument("--flash-attn", action="store_true", default=None, help="flash attention")
+    group.add_argument("--gpu-layers", type=int, help="layers on the GPU (-1 = all)")
+    group.add_argument("--n-cpu-moe", type=int, help="keep experts of the first N layers on CPU")
+    group.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    group.add_argument("--batch", type=int, help="n_batch (2048)")
+    group.add_argument("--ubatch", type=int, help="n_ubatch")
     group.add_argument("--swa-full", action="store_true", help="full-size sliding-window cache")
 
 
 def resolve_model(spec: str) -> str:
-    """A path, or ``demo:ARCH[:SIZE[:QUANT]]`` turned into the generated demo model's path."""
-    if not spec.startswith("demo:"):
-        return spec
-    from homelab.gguf.demo import demo_model_path
+    """A path, or a ``demo[:ARCH][:SIZE][:QUANT]`` name turned into the generated model's path."""
+    from homelab.gguf.demo import demo_ref_path, is_demo_ref
 
-    parts = spec.split(":")[1:]
-    arch = parts[0] if parts and parts[0] else "llama"
-    size = parts[1] if len(parts) > 1 else "tiny"
-    quant = parts[2] if len(parts) > 2 else "F16"
-    return str(demo_model_path(arch, size, quant))
+    return str(demo_ref_path(spec)) if is_demo_ref(spec) else spec
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
+    """Settings straight from the flags, without planning; unset flags take plain defaults.
+
+    Reads either flag set: the planner's (``--ctx 32k``, ``--kv q8_0/f16``, ``--n-gpu-layers``,
+    ``--no-flash-attn``…) or this module's fallback (``--kv-type``, ``--flash-attn``…).
+    """
     from homelab.planner.settings import Settings
 
-    quantized = args.kv_type not in ("f16", "bf16", "f32")
+    type_k, type_v = _kv_pair(args)
+    ctx = _tokens(getattr(args, "ctx", None)) or 4096
+    parallel = getattr(args, "parallel", None) or 1
+    if hasattr(args, "no_flash_attn"):
+        flash_attn = not args.no_flash_attn
+    else:
+        flash_attn = bool(getattr(args, "flash_attn", False))
     return Settings(
-        n_ctx=args.ctx * args.parallel,
-        n_ctx_per_slot=args.ctx,
-        n_parallel=args.parallel,
-        type_k=args.kv_type,
-        type_v=args.kv_type,
-        flash_attn=args.flash_attn or quantized,  # a quantized V cache needs flash attention
-        n_gpu_layers=args.gpu_layers,
-        n_cpu_moe=args.n_cpu_moe,
-        n_batch=args.batch,
-        n_ubatch=args.ubatch,
-        swa_full=args.swa_full,
-        n_threads=args.threads,
+        n_ctx=ctx * parallel,
+        n_ctx_per_slot=ctx,
+        n_parallel=parallel,
+        type_k=type_k,
+        type_v=type_v,
+        flash_attn=flash_attn or type_v not in ("f16", "bf16", "f32"),  # quantized V needs it
+        n_gpu_layers=_first(args, "n_gpu_layers", "gpu_layers") or 0,
+        n_cpu_moe=getattr(args, "n_cpu_moe", None) or 0,
+        n_batch=getattr(args, "batch", None) or 2048,
+        n_ubatch=_first(args, "n_ubatch", "ubatch") or 512,
+        swa_full=bool(getattr(args, "swa_full", False)),
+        n_threads=getattr(args, "threads", None),
     )
+
+
+def _first(args: argparse.Namespace, *names: str) -> Any:
+    return next((getattr(args, n) for n in names if getattr(args, n, None) is not None), None)
+
+
+def _kv_pair(args: argparse.Namespace) -> tuple[str, str]:
+    if getattr(args, "kv", None):
+        from homelab.planner.rules import parse_kv
+
+        return parse_kv(args.kv)
+    kv_type = getattr(args, "kv_type", None) or "f16"
+    return kv_type, kv_type
+
+
+def _tokens(value: object) -> int | None:
+    if value is None:
+        return None
+    from homelab.planner.cli import parse_tokens
+
+    return parse_tokens(str(value))
+
+
+def load_engine(path: str, args: argparse.Namespace) -> Engine:
+    """Plan this file for this machine (the flags given are fixed knobs) and load the plan;
+    with ``--no-plan``, load the flags as given. The plan's memory estimate goes into the
+    calibration record."""
+    from dataclasses import replace
+
+    from homelab.engine.engine import Engine
+
+    if args.no_plan:
+        return Engine.load(path, settings_from(args))
+    from homelab.gguf.reader import read_model
+    from homelab.planner.budget import resolve_hardware
+    from homelab.planner.cli import request_from_args
+    from homelab.planner.plan import plan_model
+    from homelab.planner.sizes import parse_size
+
+    def size(name: str) -> int | None:
+        value = getattr(args, name, None)
+        return parse_size(value) if value else None
+
+    hardware = resolve_hardware(
+        ram_bytes=size("ram"), margin_bytes=size("margin"), gpu_overhead_bytes=size("overhead")
+    )
+    request = replace(request_from_args(args), quant=None)  # this file's quant, not another
+    plan = plan_model(read_model(path), hardware, request)
+    settings = plan.settings
+    if args.threads:
+        settings = replace(settings, n_threads=args.threads)
+    if args.batch:
+        settings = replace(settings, n_batch=args.batch)
+    return Engine.load(path, settings, predicted=plan.memory.to_dict())
 
 
 def sampling_from(args: argparse.Namespace) -> SamplingParams:
@@ -111,10 +184,8 @@ def sampling_from(args: argparse.Namespace) -> SamplingParams:
 
 
 def run(args: argparse.Namespace) -> int:
-    from homelab.engine.engine import Engine
-
     path = resolve_model(args.model)
-    with Engine.load(path, settings_from(args)) as engine:
+    with load_engine(path, args) as engine:
         if engine.load_report.stepped_down:
             print(f"homelab: {engine.load_report.summary()}", file=sys.stderr)
         if args.chat:

@@ -10,6 +10,11 @@ bound, token ids, grammar) and raises ``ContextLengthError`` / ``BusyError`` /
 ``EngineError`` synchronously; after that, problems arrive as a ``FinishEvent`` with
 ``reason="error"``. The tenant comes from the caller (the server derives it from the API
 key) and decides which prefix cache a request may use; it is never read from request fields.
+
+All llama.cpp compute of an engine runs on its one scheduler thread. Keep it the only thread
+of the process that runs llama.cpp compute: ggml's CPU backend uses OpenMP, and a second
+computing thread (another engine, a llama-cpp-python ``Llama``) makes libgomp's thread teams
+interfere — measured 15-20 % slower decoding at 2 threads (see benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -74,6 +79,12 @@ class Engine:
             n_swa=0 if self.settings.swa_full else model_info.n_swa,
         )
         n_batch = int(lib.llama_n_batch(loaded.ctx))
+        if self.n_slots > n_batch:
+            raise EngineError(
+                f"{self.n_slots} slots need a batch of at least {self.n_slots} tokens "
+                f"(n_batch is {n_batch})",
+                hint="Raise n_batch or lower the number of parallel slots.",
+            )
         chunk = prefill_chunk_tokens or int(lib.llama_n_ubatch(loaded.ctx))
         config = SchedulerConfig(n_batch, self.n_vocab, self.n_ctx_per_slot, chunk, queue_limit)
         self._scheduler = Scheduler(
@@ -121,14 +132,17 @@ class Engine:
 
     @classmethod
     def from_plan(cls, plan: Any, **options: Any) -> Engine:
-        """Load the model a planner ``Plan`` describes, with its settings and prediction."""
-        path = getattr(plan, "model_path", None) or getattr(plan, "path", None)
-        if path is None:
+        """Load the file a planner ``Plan`` was made for, with its settings.
+
+        The plan's memory estimate goes into the calibration record next to what llama.cpp
+        really allocated.
+        """
+        path = getattr(plan, "model_source", None)
+        if not path:
             raise EngineError("the plan does not name a model file")
-        predicted = getattr(plan, "predicted", None) or getattr(plan, "memory", None)
-        if predicted is not None and not isinstance(predicted, Mapping):
-            as_dict = getattr(predicted, "to_dict", None)
-            predicted = as_dict() if callable(as_dict) else getattr(predicted, "__dict__", None)
+        memory = getattr(plan, "memory", None)
+        to_dict = getattr(memory, "to_dict", None)
+        predicted = to_dict() if callable(to_dict) else None
         return cls.load(path, plan.settings, predicted=predicted, **options)
 
     def _make_chat_template(self) -> ChatTemplate | None:

@@ -49,8 +49,9 @@ def test_run_json_is_one_document(capsys: pytest.CaptureFixture[str]) -> None:
             "256",
             "--parallel",
             "2",
-            "--kv-type",
+            "--kv",
             "q8_0",
+            "--no-plan",
         ]
     )
     out, _ = capsys.readouterr()
@@ -93,3 +94,28 @@ def test_run_needs_a_prompt_or_chat(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["run", "demo:llama"])
     assert "--prompt" in capsys.readouterr().err
+
+
+def test_run_plans_by_default_with_the_flags_as_fixed_knobs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = main(
+        [
+            "run",
+            "demo:llama",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "3",
+            "--json",
+            "--threads",
+            "1",
+            "--parallel",
+            "2",
+        ]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert document["load"]["settings"]["n_parallel"] == 2
+    assert document["load"]["settings"]["n_threads"] == 1
+    assert document["stats"]["completion_tokens"] == 3

@@ -10,6 +10,7 @@ import pytest
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
 from homelab.engine.grammar import (
+    JSON_OBJECT_GRAMMAR,
     MAX_GRAMMAR_NESTING,
     MAX_SCHEMA_DEPTH,
     check_grammar,
@@ -132,3 +133,10 @@ def test_schema_and_grammar_bounds() -> None:
     assert grammar_nesting('root ::= ("(" [(] ( "a" ))  # ((((') == 2
     with pytest.raises(EngineError, match="not valid JSON"):
         schema_to_grammar("{nope")
+
+
+def test_json_object_grammar_is_accepted_by_llama_cpp(engine: Engine) -> None:
+    sampling = SamplingParams(temperature=0.0, max_tokens=8, grammar=JSON_OBJECT_GRAMMAR)
+    done = complete(engine, sampling)
+    assert done.finish.reason in ("length", "stop")
+    assert done.text.lstrip().startswith("{")
