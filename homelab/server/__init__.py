@@ -1,1 +1,15 @@
-"""homelab.server"""
+"""homelab.server: the OpenAI-compatible endpoint (``homelab serve``).
+
+protocol.py    wire types (strict validation, unknown fields ignored)
+errors.py      the OpenAI error envelope; exception type -> HTTP status
+auth.py        keys file (hashes -> tenants), per-tenant limits
+middleware.py  request log/metrics, tenant gate, body-size cap (pure ASGI)
+serving.py     engine-facing checks, submitting and collecting choices
+chat.py, completions.py   the two generation routes
+tools.py       tool-call grammar and streamed tool-call parsing
+streaming.py   server-sent events, cancelled when the client leaves
+metrics.py     Prometheus text exposition
+app.py         create_app(engine_provider, config)
+runner.py      start_server(...) -> ServerHandle (a background thread), uvicorn setup
+cli.py         the ``serve`` verb
+"""

@@ -7,7 +7,7 @@ The keys file (``config_dir()/keys.toml``, mode 0600) stores only SHA-256 hashes
     "<sha256 hex of another key>" = "bob"
 
     [tenants.alice]                # optional; defaults below
-    max_concurrent_requests = 4    # 0 = unlimited
+    max_concurrent_requests = 4    # default 32; 0 = unlimited
     requests_per_minute = 120      # 0 = unlimited
     admin = true                   # may read /metrics from anywhere
 
@@ -43,7 +43,7 @@ _TENANT_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 @dataclass(frozen=True)
 class TenantLimits:
-    max_concurrent_requests: int = 8  # 0 = unlimited
+    max_concurrent_requests: int = 32  # 0 = unlimited
     requests_per_minute: int = 0  # 0 = unlimited
 
 
@@ -142,7 +142,7 @@ def _parse_tenant(source: str, name: str, table: object) -> Tenant:
             f"{source}: [tenants.{name}] has unknown keys {sorted(set(table) - allowed)}."
         )
     limits = TenantLimits(
-        max_concurrent_requests=_non_negative(source, name, table, "max_concurrent_requests", 8),
+        max_concurrent_requests=_non_negative(source, name, table, "max_concurrent_requests", 32),
         requests_per_minute=_non_negative(source, name, table, "requests_per_minute", 0),
     )
     admin = table.get("admin", False)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio.to_thread
 from starlette.responses import JSONResponse, Response
 
-from homelab.engine.api import FinishEvent, TokenEvent, TokenLogprob
+from homelab.engine.api import FinishEvent, SamplingParams, TokenEvent, TokenLogprob
 from homelab.engine.chat import ToolCall
 from homelab.engine.grammar import JSON_OBJECT_GRAMMAR, schema_to_grammar
 from homelab.errors import EngineError
 from homelab.server.errors import api_error_from, invalid_request
 from homelab.server.protocol import ChatCompletionRequest, ChatMessage
 from homelab.server.serving import (
+    INLINE_CHARS,
     ChoiceState,
     HandleLike,
     Prompt,
@@ -46,6 +47,24 @@ CLIENT_GONE_STATUS = 499  # nobody reads it; the client disconnected
 
 
 async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Response:
+    prompt, sampling_for, parse_tools = await _prepare(ctx, req)
+    ctx.new_id("chatcmpl")
+    handles, states = submit_choices(ctx, [prompt], req.n, sampling_for)
+    if req.stream:
+        return EventStreamResponse(_stream(ctx, req, handles, states, parse_tools))
+    if not await collect(ctx, handles, states):
+        record(ctx, states, cancelled=True)
+        return Response(status_code=CLIENT_GONE_STATUS)
+    record(ctx, states)
+    choices = [_choice(state, parse_tools, req.logprobs) for state in states]
+    body = {**_header(ctx, req, "chat.completion"), "choices": choices, "usage": usage(states)}
+    return JSONResponse(body)
+
+
+async def _prepare(
+    ctx: RequestContext, req: ChatCompletionRequest
+) -> tuple[Prompt, Callable[[int, Prompt], SamplingParams], bool]:
+    """Everything checked and rendered: (prompt, sampling per choice, whether to parse tools)."""
     check_model_name(ctx.config, req.model)
     check_choices(ctx.config, req.n)
     template = ctx.engine.chat_template
@@ -56,16 +75,14 @@ async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Re
     tools = offered_tools(req, template)
     grammar = output_grammar(req, tools, template)
     text = await render(ctx, req.messages, tools)
-    bos = getattr(template, "bos_token", "")
-    tokens = await tokenize(ctx.engine, text, add_bos=not (bos and text.startswith(bos)))
+    tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
     max_tokens = max_tokens_for(
         ctx, req.requested_max_tokens(), ctx.config.default_max_tokens, len(tokens)
     )
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     n_vocab = ctx.engine.model_info.n_vocab
-    ctx.new_id("chatcmpl")
 
-    def sampling_for(index: int, _: Prompt) -> Any:
+    def sampling_for(index: int, _: Prompt) -> SamplingParams:
         return sampling_params(
             req,
             max_tokens=max_tokens,
@@ -75,17 +92,7 @@ async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Re
             choice_index=index,
         )
 
-    handles, states = submit_choices(ctx, [Prompt(tokens, text)], req.n, sampling_for)
-    parse_tools = tools is not None
-    if req.stream:
-        return EventStreamResponse(_stream(ctx, req, handles, states, parse_tools))
-    if not await collect(ctx, handles, states):
-        record(ctx, states, cancelled=True)
-        return Response(status_code=CLIENT_GONE_STATUS)
-    record(ctx, states)
-    choices = [_choice(state, parse_tools, req.logprobs) for state in states]
-    body = {**_header(ctx, req, "chat.completion"), "choices": choices, "usage": usage(states)}
-    return JSONResponse(body)
+    return Prompt(tokens, text), sampling_for, tools is not None
 
 
 def offered_tools(req: ChatCompletionRequest, template: Any) -> list[dict[str, Any]] | None:
@@ -136,7 +143,10 @@ async def render(
     ctx: RequestContext, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None
 ) -> str:
     rendered = [_template_message(m) for m in messages]
+    small = sum(len(m["content"]) for m in rendered) + len(str(tools or "")) <= INLINE_CHARS
     try:
+        if small:
+            return ctx.engine.render_chat(rendered, tools)
         return str(await anyio.to_thread.run_sync(ctx.engine.render_chat, rendered, tools))
     except EngineError as exc:  # the template refused these messages (e.g. roles must alternate)
         raise invalid_request(str(exc), param="messages") from exc

@@ -66,7 +66,9 @@ def _add_plan_flags(parser: argparse.ArgumentParser) -> None:
         return
     add_plan_arguments(parser)
     if "--threads" not in parser._option_string_actions:  # a serving knob the plan leaves open
-        parser.add_argument("--threads", type=int, help="CPU threads for llama.cpp (default: its own)")
+        parser.add_argument(
+            "--threads", type=int, help="CPU threads for llama.cpp (default: its own)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from homelab.engine.api import TokenEvent
+from homelab.engine.api import SamplingParams, TokenEvent
 from homelab.server.errors import api_error_from
 from homelab.server.protocol import CompletionRequest
 from homelab.server.serving import (
@@ -35,27 +35,8 @@ CLIENT_GONE_STATUS = 499
 
 
 async def text_completion(ctx: RequestContext, req: CompletionRequest) -> Response:
-    check_model_name(ctx.config, req.model)
-    raw_prompts = req.prompts()
-    check_choices(ctx.config, len(raw_prompts) * req.n)
-    prompts = [await _prepare(ctx, raw) for raw in raw_prompts]
-    longest = max(len(p.tokens) for p in prompts)
-    max_tokens = max_tokens_for(
-        ctx, req.max_tokens, ctx.config.default_completion_max_tokens, longest
-    )
-    n_vocab = ctx.engine.model_info.n_vocab
+    prompts, sampling_for = await _prepare_all(ctx, req)
     ctx.new_id("cmpl")
-
-    def sampling_for(index: int, _: Prompt) -> Any:
-        return sampling_params(
-            req,
-            max_tokens=max_tokens,
-            n_vocab=n_vocab,
-            logprobs=req.logprobs,
-            grammar=None,
-            choice_index=index,
-        )
-
     handles, states = submit_choices(ctx, prompts, req.n, sampling_for)
     echoes = [_echo_text(ctx, prompts[s.prompt_index]) if req.echo else "" for s in states]
     if req.stream:
@@ -66,6 +47,32 @@ async def text_completion(ctx: RequestContext, req: CompletionRequest) -> Respon
     record(ctx, states)
     choices = [_choice(state, echoes[state.index], req.logprobs is not None) for state in states]
     return JSONResponse({**_header(ctx, req), "choices": choices, "usage": usage(states)})
+
+
+async def _prepare_all(
+    ctx: RequestContext, req: CompletionRequest
+) -> tuple[list[Prompt], Callable[[int, Prompt], SamplingParams]]:
+    check_model_name(ctx.config, req.model)
+    raw_prompts = req.prompts()
+    check_choices(ctx.config, len(raw_prompts) * req.n)
+    prompts = [await _prepare(ctx, raw) for raw in raw_prompts]
+    longest = max(len(p.tokens) for p in prompts)
+    max_tokens = max_tokens_for(
+        ctx, req.max_tokens, ctx.config.default_completion_max_tokens, longest
+    )
+    n_vocab = ctx.engine.model_info.n_vocab
+
+    def sampling_for(index: int, _: Prompt) -> SamplingParams:
+        return sampling_params(
+            req,
+            max_tokens=max_tokens,
+            n_vocab=n_vocab,
+            logprobs=req.logprobs,
+            grammar=None,
+            choice_index=index,
+        )
+
+    return prompts, sampling_for
 
 
 async def _prepare(ctx: RequestContext, raw: str | tuple[int, ...]) -> Prompt:

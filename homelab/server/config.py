@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from homelab.errors import ConfigError
 from homelab.server.auth import KeyRing
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -27,7 +28,10 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if self.keys is None and not is_loopback(self.host):
-            raise ValueError(f"binding {self.host} needs API keys")
+            raise ConfigError(
+                f"serving on {self.host} (beyond this machine) needs API keys.",
+                hint="Add a key with `homelab serve --new-key TENANT`, or serve on 127.0.0.1.",
+            )
 
     @property
     def bound_to_loopback(self) -> bool:

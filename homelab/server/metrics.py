@@ -34,13 +34,14 @@ class Histogram:
         self.total += value
         self.n += 1
 
-    def lines(self, name: str) -> Iterable[str]:
+    def lines(self, name: str, labels: str) -> Iterable[str]:
+        """Exposition lines; ``labels`` is rendered label text such as ``model="x"``."""
         cumulative = 0
         for bound, count in zip((*self.bounds, math.inf), self.counts, strict=True):
             cumulative += count
-            yield f'{name}_bucket{{le="{_format_bound(bound)}"}} {cumulative}'
-        yield f"{name}_sum {_format_value(self.total)}"
-        yield f"{name}_count {self.n}"
+            yield f'{name}_bucket{{{labels},le="{_format_bound(bound)}"}} {cumulative}'
+        yield f"{name}_sum{{{labels}}} {_format_value(self.total)}"
+        yield f"{name}_count{{{labels}}} {self.n}"
 
 
 class ServerMetrics:
@@ -57,13 +58,15 @@ class ServerMetrics:
     def observe_response(self, route: str, status: int) -> None:
         self.responses[(route, status)] += 1
 
-    def observe_generation(self, stats: RequestStats, cancelled: bool = False) -> None:
+    def observe_generation(self, stats: RequestStats) -> None:
         if stats.completion_tokens:
             self.ttft_s.observe(stats.ttft_s)
         self.prompt_tokens += stats.prompt_tokens
         self.cached_tokens += stats.cached_tokens
         self.completion_tokens += stats.completion_tokens
-        self.cancelled += int(cancelled)
+
+    def observe_client_gone(self) -> None:
+        self.cancelled += 1
 
     def render(self, engine: EngineMetrics | None, model: str) -> str:
         out = _Exposition(model)
@@ -84,7 +87,7 @@ class ServerMetrics:
         out.header(
             "homelab_time_to_first_token_seconds", "histogram", "request start to first token"
         )
-        for line in self.ttft_s.lines("homelab_time_to_first_token_seconds"):
+        for line in self.ttft_s.lines("homelab_time_to_first_token_seconds", out.model_label):
             out.raw(line)
         out.counter("homelab_prompt_tokens_total", "prompt tokens processed", self.prompt_tokens)
         out.counter(
@@ -127,6 +130,10 @@ class _Exposition:
         all_labels = {"model": self._model, **labels}
         rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in all_labels.items())
         self._lines.append(f"{name}{{{rendered}}} {_format_value(value)}")
+
+    @property
+    def model_label(self) -> str:
+        return f'model="{_escape(self._model)}"'
 
     def raw(self, line: str) -> None:
         self._lines.append(line)

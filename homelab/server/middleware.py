@@ -21,7 +21,14 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from homelab.server.auth import LOCAL_TENANT, KeyRing, RateLimited, Tenant, TenantLimiter
+from homelab.server.auth import (
+    LOCAL_TENANT,
+    KeyRing,
+    RateLimited,
+    Tenant,
+    TenantLimiter,
+    TenantLimits,
+)
 from homelab.server.errors import ApiError
 from homelab.server.metrics import ServerMetrics
 
@@ -36,7 +43,7 @@ KNOWN_ROUTES = frozenset(
     {*PUBLIC_PATHS, *ADMIN_PATHS, *GENERATION_PATHS, "/v1/models", "/openapi.json"}
 )
 MAX_KEY_CHARS = 512
-LOCAL = Tenant(LOCAL_TENANT, admin=True)
+LOCAL = Tenant(LOCAL_TENANT, admin=True, limits=TenantLimits(max_concurrent_requests=0))  # one user
 
 
 async def send_error(send: Send, error: ApiError) -> None:
@@ -120,25 +127,7 @@ class TenantGate:
     def _authenticate(self, scope: Scope) -> Tenant:
         if self.keys is None:
             return LOCAL
-        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        if any(name in query for name in ("api_key", "key", "api-key", "token")):
-            raise _unauthorized(
-                "API keys are not accepted in the URL; send 'Authorization: Bearer <key>'."
-            )
-        values = _header(scope, b"authorization")
-        if not values:
-            raise _unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
-        if len(values) > 1:
-            raise _unauthorized("Send exactly one Authorization header.")
-        scheme, _, key = values[0].decode("latin-1").strip().partition(" ")
-        key = key.strip()
-        if scheme.lower() != "bearer":
-            raise _unauthorized(
-                "Unsupported authorization scheme: use 'Authorization: Bearer <key>'."
-            )
-        if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
-            raise _unauthorized("Empty or malformed API key.")
-        tenant = self.keys.authenticate(key)
+        tenant = self.keys.authenticate(_bearer_key(scope))
         if tenant is None:
             raise _unauthorized("Incorrect API key provided.")
         return tenant
@@ -156,6 +145,25 @@ class TenantGate:
             raise ApiError(
                 429, limited.reason, code="rate_limit_exceeded", headers=headers
             ) from None
+
+
+def _bearer_key(scope: Scope) -> str:
+    """The key of the one ``Authorization: Bearer`` header (never from the URL)."""
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    if any(name in query for name in ("api_key", "key", "api-key", "token")):
+        raise _unauthorized(
+            "API keys are not accepted in the URL; send 'Authorization: Bearer <key>'."
+        )
+    values = _header(scope, b"authorization")
+    if len(values) != 1:
+        raise _unauthorized("Send one 'Authorization: Bearer <key>' header.")
+    scheme, _, key = values[0].decode("latin-1").strip().partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer":
+        raise _unauthorized("Unsupported authorization scheme: use 'Authorization: Bearer <key>'.")
+    if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
+        raise _unauthorized("Empty or malformed API key.")
+    return key
 
 
 def _unauthorized(message: str) -> ApiError:

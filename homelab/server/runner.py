@@ -44,6 +44,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise EngineError(
             f"cannot listen on {host}:{port} ({exc.strerror}).", hint="Choose another --port."
         ) from exc
+    sock.listen(2048)  # clients that come early wait in the backlog until uvicorn accepts
     sock.set_inheritable(True)
     return sock
 

@@ -36,7 +36,6 @@ from homelab.server.auth import Tenant
 from homelab.server.config import ServerConfig
 from homelab.server.errors import (
     ApiError,
-    api_error_from,
     context_length_exceeded,
     invalid_request,
     service_unavailable,
@@ -48,6 +47,7 @@ log = logging.getLogger("homelab.server")
 
 Event = TokenEvent | FinishEvent
 SEED_MODULUS = 2**32
+INLINE_CHARS = 8192  # shorter texts are tokenized / rendered on the event loop (microseconds)
 
 
 class HandleLike(Protocol):
@@ -205,7 +205,9 @@ def sampling_params(
 
 
 async def tokenize(engine: EngineLike, text: str, add_bos: bool) -> tuple[int, ...]:
-    """Tokenize off the event loop (a long prompt takes a while)."""
+    """Tokenize; a long prompt off the event loop (it takes a while), a short one at once."""
+    if len(text) <= INLINE_CHARS:
+        return tuple(engine.tokenize(text, add_bos=add_bos, special=True))
     tokens = await anyio.to_thread.run_sync(
         lambda: engine.tokenize(text, add_bos=add_bos, special=True)
     )
@@ -359,17 +361,13 @@ def usage(states: Sequence[ChoiceState]) -> dict[str, Any]:
 
 def record(ctx: RequestContext, states: Sequence[ChoiceState], cancelled: bool = False) -> None:
     """Feed finished choices into the metrics and the request log."""
-    ttfts = []
     for state in states:
         if state.finish is not None:
-            ctx.metrics.observe_generation(
-                state.finish.stats, cancelled=state.finish.reason == "cancelled"
-            )
-            if state.finish.stats.completion_tokens:
-                ttfts.append(state.finish.stats.ttft_s)
+            ctx.metrics.observe_generation(state.finish.stats)
     if cancelled:
-        ctx.metrics.cancelled += 1
+        ctx.metrics.observe_client_gone()
     totals = usage(states)
+    ttfts = [s.finish.stats.ttft_s for s in states if s.finish and s.finish.stats.completion_tokens]
     ctx.usage.update(
         prompt_tokens=totals["prompt_tokens"],
         cached_tokens=totals["prompt_tokens_details"]["cached_tokens"],
@@ -385,7 +383,3 @@ def record(ctx: RequestContext, states: Sequence[ChoiceState], cancelled: bool =
                 ctx.tenant.name,
                 state.text,
             )
-
-
-def stream_error(exc: BaseException) -> ApiError:
-    return api_error_from(exc)

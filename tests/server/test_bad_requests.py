@@ -4,11 +4,13 @@ the server keeps serving afterwards."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from server_helpers import ALICE_KEY, MODEL_ID, N_CTX_PER_SLOT, alice_headers, assert_still_serving
 
@@ -459,7 +461,10 @@ def test_concurrency_limit_is_429_with_retry_after(limited: httpx.Client) -> Non
         assert second.status_code == 429
         assert second.json()["error"]["type"] == "rate_limit_error"
         assert int(second.headers["Retry-After"]) >= 1
-    after = limited.post(CHAT, json=chat(), headers=headers)  # the slot is back once it closed
+    deadline = time.monotonic() + 10  # the server frees the slot once it sees the hang-up
+    while (after := limited.post(CHAT, json=chat(), headers=headers)).status_code == 429:
+        assert time.monotonic() < deadline, "the closed stream never released its slot"
+        time.sleep(0.05)
     assert after.status_code == 200
 
 
@@ -472,3 +477,9 @@ def test_rate_limit_is_429_with_retry_after(limited: httpx.Client) -> None:
     refused = limited.post(CHAT, json=chat(max_tokens=1), headers=headers)
     assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    base_url = str(limited.base_url).rstrip("/") + "/v1"
+    with (
+        openai.OpenAI(base_url=base_url, api_key=SLOW_KEY, max_retries=0) as sdk,
+        pytest.raises(openai.RateLimitError),
+    ):
+        sdk.chat.completions.create(model=MODEL_ID, messages=USER, max_tokens=1)  # type: ignore[arg-type]

@@ -96,13 +96,14 @@ def test_homelab_serve_serves_the_openai_sdk(demo_model: Callable[..., Path]) ->
             time.sleep(0.05)
         with openai.OpenAI(base_url=started["base_url"], api_key="unused", max_retries=0) as sdk:
             reply = sdk.chat.completions.create(
-                model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+                model="demo", messages=[{"role": "user", "content": SECRET}], max_tokens=3
             )
         assert reply.usage is not None and reply.usage.completion_tokens >= 1
     finally:
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 0, stderr
-    assert "hi" not in [
-        line.split(": ", 1)[-1] for line in stderr.splitlines()
-    ]  # prompts are not logged
+        _, stderr = process.communicate(timeout=90)
+    assert process.returncode == 130, (
+        stderr
+    )  # Ctrl-C: uvicorn shuts down, then the CLI's usual exit
+    assert "model loaded" in stderr and "tenant=local" in stderr
+    assert SECRET not in stderr  # prompts are not logged

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import openai
+import pytest
 from server_helpers import ALICE_KEY, MODEL_ID
 
 from homelab.engine.engine import Engine
@@ -126,3 +127,20 @@ def test_a_new_request_never_cuts_a_running_stream(server: ServerHandle) -> None
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert text == expected
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_client_leaving_a_non_streamed_request_cancels_it(
+    server: ServerHandle, engine: Engine
+) -> None:
+    cancelled_before = engine.metrics().requests_by_status.get("cancelled", 0)
+    body = {"model": MODEL_ID, "messages": prompt(7), "max_tokens": 480, "logit_bias": NO_END}
+    headers = {"Authorization": f"Bearer {ALICE_KEY}"}
+    with (
+        httpx.Client(base_url=server.url, timeout=0.15) as http,
+        pytest.raises(httpx.ReadTimeout),  # hangs up before the answer is complete
+    ):
+        http.post("/v1/chat/completions", json=body, headers=headers)
+    deadline = time.monotonic() + 10
+    while engine.metrics().requests_by_status.get("cancelled", 0) == cancelled_before:
+        assert time.monotonic() < deadline, "the engine never cancelled the abandoned request"
+        time.sleep(0.02)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from server_helpers import ADMIN_KEY, ALICE_KEY, MODEL_ID, make_keys
 
@@ -65,6 +66,10 @@ def test_health_is_503_while_loading_then_200(
         loading = http.post(CHAT, json=chat_body(), headers=AUTH)
         assert loading.status_code == 503 and loading.json()["error"]["code"] == "model_loading"
         assert "Retry-After" in loading.headers
+        with openai.OpenAI(base_url=handle.base_url, api_key=ALICE_KEY, max_retries=0) as sdk:
+            with pytest.raises(openai.InternalServerError) as unavailable:
+                sdk.completions.create(model=MODEL_ID, prompt="hi", max_tokens=2)
+            assert unavailable.value.status_code == 503
         holder.engine = engine
         assert http.get("/health").json() == {"status": "ok"}
         assert http.post(CHAT, json=chat_body(), headers=AUTH).status_code == 200

@@ -12,7 +12,11 @@ from homelab.engine.chat import ToolCall
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.server.errors import api_error_from, param_name
 from homelab.server.metrics import ServerMetrics
-from homelab.server.protocol import ChatCompletionRequest, CompletionRequest
+from homelab.server.protocol import (
+    IGNORED_LLAMACPP_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 from homelab.server.tools import ContentDelta, ToolCallStream, forced_call_grammar, split_tool_calls
 
 
@@ -44,9 +48,12 @@ def test_unions_are_normalized() -> None:
     assert prompts == [(1, 2), (3,)]
 
 
-def test_unknown_fields_are_ignored() -> None:
-    request = chat(id_slot=2, cache_prompt=False, cache_salt="x", something={"deep": [1]})
-    assert not hasattr(request, "id_slot") and not hasattr(request, "cache_salt")
+def test_unknown_fields_and_slot_knobs_are_dropped() -> None:
+    knobs = {name: 1 for name in IGNORED_LLAMACPP_FIELDS}
+    request = chat(**knobs, something={"deep": [1]})
+    for model in (ChatCompletionRequest, CompletionRequest):
+        assert not set(IGNORED_LLAMACPP_FIELDS) & set(model.model_fields)
+    assert not set(IGNORED_LLAMACPP_FIELDS) & set(request.model_dump())
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
@@ -87,8 +94,9 @@ def test_metrics_text_has_histogram_and_engine_gauges() -> None:
         last_ttft_s=0.2,
     )
     text = metrics.render(snapshot, "tiny")
-    assert 'homelab_time_to_first_token_seconds_bucket{le="0.25"} 1' in text
-    assert 'homelab_time_to_first_token_seconds_bucket{le="0.1"} 0' in text
+    assert 'homelab_time_to_first_token_seconds_bucket{model="tiny",le="0.25"} 1' in text
+    assert 'homelab_time_to_first_token_seconds_bucket{model="tiny",le="0.1"} 0' in text
+    assert 'homelab_time_to_first_token_seconds_count{model="tiny"} 1' in text
     assert 'homelab_kv_usage_ratio{model="tiny"} 0.25' in text
     assert 'homelab_engine_requests_total{model="tiny",status="length"} 1' in text
     assert 'homelab_queue_depth{model="tiny"} 2' in text
