@@ -63,10 +63,8 @@ def report_error(error: HomelabError, as_json: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if (
-        not args_list
-        or (args_list[0].startswith("-")
-        and args_list[0] not in ("-h", "--help", "--version"))
+    if not args_list or (
+        args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version")
     ):
         args_list = ["tui", *args_list]
     parser = build_parser()
