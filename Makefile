@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 # Build llama-cpp-python with CUDA when an NVIDIA driver is visible; CMAKE_ARGS overrides.
 CUDA_ARGS := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "-DGGML_CUDA=on")
 export CMAKE_ARGS ?= $(CUDA_ARGS)
+# pip's wheel cache ignores CMAKE_ARGS: with custom build flags, never reuse a cached (CPU) wheel.
+PIP_CACHE_FLAG := $(if $(strip $(CMAKE_ARGS)),--no-cache-dir,)
 
 .PHONY: run test check lint typecheck install install-test clean bench
 
@@ -13,11 +15,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q $(PIP_CACHE_FLAG) -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q $(PIP_CACHE_FLAG) -e '.[test]'
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
