@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from homelab.server import chat, completions
@@ -108,7 +108,12 @@ def server_state(app: FastAPI) -> ServerState:
 
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # gone mid-upload: nobody reads the answer, nothing to log
+        raise ApiError(
+            400, "The client disconnected during the upload.", code="client_disconnected"
+        ) from None
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

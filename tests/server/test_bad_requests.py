@@ -4,6 +4,7 @@ the server keeps serving afterwards."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -453,17 +454,25 @@ def test_body_over_the_cap_is_413_before_parsing(limited: httpx.Client) -> None:
 
 def test_concurrency_limit_is_429_with_retry_after(limited: httpx.Client) -> None:
     headers = {"Authorization": f"Bearer {LIMITED_KEY}"}
-    long_stream = chat(max_tokens=400, stream=True, logit_bias=NO_END)
-    with limited.stream("POST", CHAT, json=long_stream, headers=headers) as first:
-        lines = first.iter_lines()  # (keep it: a dropped iterator closes the response)
-        assert next(lines).startswith("data: ")  # the first stream holds the tenant's only slot
-        second = limited.post(CHAT, json=chat(), headers=headers)
-        assert second.status_code == 429
+    host, port = limited.base_url.host, limited.base_url.port
+    head = f"POST {CHAT} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {LIMITED_KEY}\r\n"
+    with (
+        socket.create_connection((host, port)) as slow_upload,
+        httpx.Client(base_url=limited.base_url) as fresh,
+    ):
+        # the gate admits a request before reading its body: this one holds the tenant's only
+        # slot while its body is still "uploading"
+        slow_upload.sendall(
+            f"{head}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{".encode()
+        )
+        time.sleep(0.3)  # let the server read its headers before anything else arrives
+        second = fresh.post(CHAT, json=chat(), headers=headers)
+        assert second.status_code == 429, second.text
         assert second.json()["error"]["type"] == "rate_limit_error"
         assert int(second.headers["Retry-After"]) >= 1
-    deadline = time.monotonic() + 10  # the server frees the slot once it sees the hang-up
+    deadline = time.monotonic() + 10  # the slot comes back once the server sees the hang-up
     while (after := limited.post(CHAT, json=chat(), headers=headers)).status_code == 429:
-        assert time.monotonic() < deadline, "the closed stream never released its slot"
+        assert time.monotonic() < deadline, "the closed request never released its slot"
         time.sleep(0.05)
     assert after.status_code == 200
 

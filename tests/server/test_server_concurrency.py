@@ -73,8 +73,13 @@ async def test_a_client_leaving_cancels_its_generation_only(
         expected = [await reference(sdk, i, 24) for i in range(3)]
 
         async def leaver() -> None:
-            stream = await sdk.chat.completions.create(
-                model=MODEL_ID, messages=prompt(99), max_tokens=480, logit_bias=NO_END, stream=True
+            stream = await sdk.chat.completions.create(  # 16 x 480 tokens: still running at hang-up
+                model=MODEL_ID,
+                messages=prompt(99),
+                max_tokens=480,
+                n=16,
+                logit_bias=NO_END,
+                stream=True,
             )
             async for _ in stream:
                 break  # first chunk, then hang up
@@ -133,11 +138,17 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it(
     server: ServerHandle, engine: Engine
 ) -> None:
     cancelled_before = engine.metrics().requests_by_status.get("cancelled", 0)
-    body = {"model": MODEL_ID, "messages": prompt(7), "max_tokens": 480, "logit_bias": NO_END}
+    body = {
+        "model": MODEL_ID,
+        "messages": prompt(7),
+        "max_tokens": 480,
+        "n": 16,
+        "logit_bias": NO_END,
+    }
     headers = {"Authorization": f"Bearer {ALICE_KEY}"}
     with (
-        httpx.Client(base_url=server.url, timeout=0.15) as http,
-        pytest.raises(httpx.ReadTimeout),  # hangs up before the answer is complete
+        httpx.Client(base_url=server.url, timeout=0.05) as http,
+        pytest.raises(httpx.ReadTimeout),  # hangs up long before 16 x 480 tokens are done
     ):
         http.post("/v1/chat/completions", json=body, headers=headers)
     deadline = time.monotonic() + 10

@@ -20,6 +20,7 @@ from homelab.server.runner import EngineHolder, ServerHandle, start_server
 
 CHAT = "/v1/chat/completions"
 NO_END = {"2": -100, "4": -100}
+LONG_TOKENS = 4000  # long enough to still be generating while a test acts, even on a quiet machine
 AUTH = {"Authorization": f"Bearer {ALICE_KEY}"}
 
 
@@ -50,7 +51,7 @@ def serve() -> Iterator[Callable[..., ServerHandle]]:
 
 @pytest.fixture
 def one_slot_engine(demo_model: Callable[..., Path]) -> Iterator[Engine]:
-    settings = Settings(n_ctx=512, n_ctx_per_slot=512, n_parallel=1, n_threads=1)
+    settings = Settings(n_ctx=4096, n_ctx_per_slot=4096, n_parallel=1, n_threads=1)
     engine = Engine.load(demo_model("llama"), settings, queue_limit=1, record_calibration=False)
     yield engine
     engine.close()
@@ -84,7 +85,7 @@ def test_only_health_is_public(http: httpx.Client) -> None:
 
 def test_full_queue_is_503(serve: Callable[..., ServerHandle], one_slot_engine: Engine) -> None:
     handle = serve(one_slot_engine)
-    long = chat_body(max_tokens=480, logit_bias=NO_END, stream=True)
+    long = chat_body(max_tokens=LONG_TOKENS, logit_bias=NO_END, stream=True)
     with (
         httpx.Client(base_url=handle.url, timeout=60) as http,
         http.stream("POST", CHAT, json=long, headers=AUTH) as running,
@@ -109,7 +110,7 @@ def test_error_after_the_stream_started_is_an_event_then_done(
 ) -> None:
     handle = serve(one_slot_engine)
     with httpx.Client(base_url=handle.url, timeout=60) as http:
-        body = chat_body(max_tokens=480, logit_bias=NO_END, stream=True)
+        body = chat_body(max_tokens=LONG_TOKENS, logit_bias=NO_END, stream=True)
         with http.stream("POST", CHAT, json=body, headers=AUTH) as response:
             lines = response.iter_lines()
             assert next(lines).startswith("data: ")
