@@ -89,7 +89,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     from homelab.engine.cli import resolve_model
     from homelab.server.app import create_app
     from homelab.server.config import ServerConfig
-    from homelab.server.runner import EngineHolder, bind_socket, uvicorn_server
+    from homelab.server.runner import EngineHolder, bind_socket, run_holding_lock, uvicorn_server
 
     _setup_logging()
     model_path = Path(resolve_model(args.model))
@@ -111,7 +111,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     loader.start()
     _announce_start(args, config, keys_path, new_key)
     try:
-        server.run(sockets=[sock])
+        run_holding_lock(server, sock, f"http://{args.host}:{sock.getsockname()[1]}")
     finally:
         if holder.engine is not None:
             holder.engine.close()  # type: ignore[attr-defined]

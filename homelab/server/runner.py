@@ -103,8 +103,10 @@ def start_server(
     config = replace(config, port=bound_port)
     app = create_app(provider, config)
     server = uvicorn_server(app)
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{bound_port}"
     thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name="homelab-server", daemon=True
+        target=run_holding_lock, args=(server, sock, url), name="homelab-server", daemon=True
     )
     thread.start()
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
@@ -114,5 +116,12 @@ def start_server(
             sock.close()
             raise EngineError(f"the server did not start on {host}:{bound_port}.")
         time.sleep(0.01)
-    shown_host = f"[{host}]" if ":" in host else host
-    return ServerHandle(app, server, thread, f"http://{shown_host}:{bound_port}")
+    return ServerHandle(app, server, thread, url)
+
+
+def run_holding_lock(server: uvicorn.Server, sock: socket.socket, url: str) -> None:
+    """Serve until stopped, holding the server lock so `homelab bench` will not compete."""
+    from homelab.bench.guard import server_lock
+
+    with server_lock(url):
+        server.run(sockets=[sock])
