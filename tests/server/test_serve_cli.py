@@ -91,7 +91,7 @@ def test_homelab_serve_serves_the_openai_sdk(demo_model: Callable[..., Path]) ->
         started = json.loads(process.stdout.readline())
         assert started["base_url"] == f"http://127.0.0.1:{port}/v1" and started["auth"] is False
         deadline = time.monotonic() + 60
-        while httpx.get(f"http://127.0.0.1:{port}/health").status_code != 200:
+        while _health_status(port) != 200:
             assert time.monotonic() < deadline and process.poll() is None
             time.sleep(0.05)
         with openai.OpenAI(base_url=started["base_url"], api_key="unused", max_retries=0) as sdk:
@@ -107,3 +107,11 @@ def test_homelab_serve_serves_the_openai_sdk(demo_model: Callable[..., Path]) ->
     )  # Ctrl-C: uvicorn shuts down, then the CLI's usual exit
     assert "model loaded" in stderr and "tenant=local" in stderr
     assert SECRET not in stderr  # prompts are not logged
+
+
+def _health_status(port: int) -> int | None:
+    """/health's status, or None while the server is not accepting connections yet."""
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health").status_code
+    except httpx.TransportError:
+        return None
