@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -35,7 +36,11 @@ VERBS: dict[str, tuple[str, str]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="homelab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="homelab",
+        description="Run large language models that shouldn't fit on one consumer GPU. "
+        "Without a verb, opens the dashboard.",
+    )
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb, (module_name, help_text) in VERBS.items():
@@ -86,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("homelab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `homelab hw --json | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
