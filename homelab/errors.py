@@ -53,7 +53,7 @@ class HardwareError(HomelabError):
 
 
 class PlanError(HomelabError):
-    title = "Does not fit"
+    title = "Cannot plan"
 
 
 class EngineError(HomelabError):

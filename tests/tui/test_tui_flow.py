@@ -74,7 +74,7 @@ async def test_a_model_that_does_not_fit_says_so_and_what_to_do(
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_until(pilot, lambda: "✘" in rendered(app, "#verdict"), "the verdict")
         verdict = rendered(app, "#verdict")
-        assert "Does not fit" in verdict and "needs" in verdict
+        assert "Cannot plan" in verdict and "Nothing fits" in verdict and "needs" in verdict
         assert app.plan is None
         assert "not downloaded" in rendered(app, "#model-line")
 
