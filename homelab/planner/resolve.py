@@ -1,6 +1,6 @@
 """Turn what the user typed (a path, a catalogue name) into the quant variants to plan over.
 
-:func:`resolve_model` is the one place that does it; the hub adds ``REPO[:QUANT]`` here later.
+:func:`resolve_model` is the one place that does it; the hub's ``REPO[:QUANT]`` included.
 A local file brings along the other quants of the same model lying next to it: files in the
 same folder whose names differ only in the trailing quant label
 (``Model-Q8_0.gguf``, ``Model-Q4_K_M.gguf``).

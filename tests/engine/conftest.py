@@ -20,8 +20,9 @@ def make_engine(demo_model: Callable[..., Path]) -> Iterator[EngineFactory]:
     def make(
         arch: str = "llama", n_parallel: int = 4, ctx_per_slot: int = 512, **options: Any
     ) -> Engine:
-        engine_keys = {"queue_limit", "prefill_chunk_tokens", "on_oom_ladder"}
+        engine_keys = {"queue_limit", "prefill_chunk_tokens", "on_oom_ladder", "record_calibration"}
         engine_options = {k: options.pop(k) for k in list(options) if k in engine_keys}
+        engine_options.setdefault("record_calibration", False)  # keep the shared data dir clean
         settings = tiny_settings(n_parallel, ctx_per_slot, **options)
         engine = Engine.load(demo_model(arch), settings, **engine_options)
         engines.append(engine)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine_helpers import EngineFactory
 
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenLogprob
-from homelab.engine.scheduler import Completion
+from homelab.engine.scheduler import Completion, RequestHandle
 
 # Below this gap (in logprob) between the two best tokens, a different batch shape may
 # legitimately pick the other one: float sums are not associative.
@@ -99,5 +99,5 @@ def test_long_prompt_is_prefilled_in_chunks_without_stalling_others(
     running.cancel()
 
 
-def late_done(handle: object) -> bool:
-    return bool(getattr(handle, "finished", False))
+def late_done(handle: RequestHandle) -> bool:
+    return handle.finished

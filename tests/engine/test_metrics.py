@@ -21,11 +21,15 @@ def test_subscribers_get_snapshots_at_their_rate_while_idle_and_busy(
     )
     time.sleep(0.3)  # idle: snapshots keep coming
     idle_count = len(seen)
+    long_answer = SamplingParams(max_tokens=480, ignore_eos=True)  # keeps both slots busy
     handles = [
-        engine.submit(GenerationRequest(f"t{i}", "hello world", SamplingParams(max_tokens=300)))
-        for i in range(2)
+        engine.submit(GenerationRequest(f"t{i}", "hello world", long_answer)) for i in range(2)
     ]
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(
+        m.active_slots == 2 and m.decode_tok_s > 0 for _, m, _ in seen[idle_count:]
+    ):
+        time.sleep(0.02)
     busy_snapshots = [m for _, m, _ in seen[idle_count:]]
     for handle in handles:
         handle.cancel()

@@ -151,14 +151,16 @@ async def test_async_iteration_does_not_block_the_event_loop(make_engine: Engine
 
 async def test_cancelled_async_consumer_cancels_the_request(make_engine: EngineFactory) -> None:
     engine = make_engine(n_parallel=1)
-    handle = engine.submit(GenerationRequest("a", "hello", SamplingParams(max_tokens=400)))
+    long_answer = SamplingParams(max_tokens=400, ignore_eos=True)
+    handle = engine.submit(GenerationRequest("a", "hello", long_answer))
+    streaming = asyncio.Event()
 
     async def consume() -> None:
         async for _event in handle:  # the task only ever waits inside the iteration
-            pass
+            streaming.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(streaming.wait(), timeout=30)  # mid-stream, not before or after
     task.cancel()  # what the server sees when a client disconnects
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -197,7 +197,7 @@ def test_offline_uses_the_cache_and_says_so_without_any_request(
     started = time.monotonic()
     with pytest.raises(HubError, match=r"not in the local cache .* HF_HUB_OFFLINE"):
         pull(ModelRef(tiny_repo, "F16"))
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 5  # fails at once: no request, no retry loop
     assert fake_hub.requests() == []
 
 
@@ -252,7 +252,9 @@ def test_pull_checks_free_disk_before_downloading(
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr("homelab.hub.pull.shutil.disk_usage", lambda _: usage(1, 1, 1 << 20))
+    # A fake full disk: filling the real one is not something a test may do.
+    fake_disk_usage = lambda _: usage(1, 1, 1 << 20)  # noqa: E731
+    monkeypatch.setattr("homelab.hub.pull.shutil.disk_usage", fake_disk_usage)
     with pytest.raises(HubError, match=r"Not enough free disk .*HF_HOME"):
         pull(ModelRef(tiny_repo, "Q4_0"))
     assert fake_hub.requests("cdn") == []

@@ -80,7 +80,9 @@ def test_quantize_refuses_a_target_that_is_not_smaller(
 
 def test_quantize_checks_free_disk_first(f16_source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr("homelab.gguf.quantize.shutil.disk_usage", lambda _: usage(10, 10, 1000))
+    # A fake full disk: filling the real one is not something a test may do.
+    fake_disk_usage = lambda _: usage(10, 10, 1000)  # noqa: E731
+    monkeypatch.setattr("homelab.gguf.quantize.shutil.disk_usage", fake_disk_usage)
     with pytest.raises(ModelFileError, match="not enough free disk"):
         quantize_model(str(f16_source), "Q4_K_M")
     assert [p.name for p in f16_source.parent.iterdir()] == [f16_source.name]

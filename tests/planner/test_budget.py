@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -97,8 +98,12 @@ def test_resolve_hardware_offline() -> None:
         resolve_hardware(gpu="rtx-4090", vram_bytes=GIB)
 
 
-def test_overhead_measured_by_earlier_loads_replaces_the_profile_default(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_overhead_measured_by_earlier_loads_replaces_the_profile_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
+
+    monkeypatch.setenv("HOMELAB_HOME", str(tmp_path / "home"))  # records of other tests stay out
 
     from homelab.locations import data_dir, ensure_dir
     from homelab.planner.calibration import measured_gpu_overhead

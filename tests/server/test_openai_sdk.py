@@ -172,7 +172,10 @@ def test_text_completion_batch_and_token_prompt_and_logprobs(client: openai.Open
     )
     assert [c.index for c in batch.choices] == [0, 1, 2, 3]
     logprobs = batch.choices[0].logprobs
-    assert logprobs is not None and len(logprobs.tokens or []) == len(logprobs.token_logprobs or [])
+    assert logprobs is not None and logprobs.tokens and logprobs.token_logprobs
+    assert logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs)
+    assert all(1 <= len(top) <= 2 for top in logprobs.top_logprobs)
     by_ids = client.completions.create(model=MODEL_ID, prompt=[1, 300, 301], max_tokens=2)
     assert by_ids.usage is not None and by_ids.usage.prompt_tokens == 3
 
