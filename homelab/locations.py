@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import platformdirs
@@ -49,11 +50,12 @@ def demo_models_dir() -> Path:
 
 
 def profiles_dir() -> Path:
-    """The bundled data files (GPU profiles, model catalogue)."""
-    bundled = Path(__file__).resolve().parent / "profiles"
-    if bundled.is_dir():
-        return bundled
-    return Path(__file__).resolve().parent.parent / "profiles"
+    """The bundled data files (GPU profiles, model catalogue): the repo's ``profiles/`` in a
+    checkout or editable install, ``<prefix>/share/homelab/profiles`` from a wheel."""
+    in_checkout = Path(__file__).resolve().parent.parent / "profiles"
+    if in_checkout.is_dir():
+        return in_checkout
+    return Path(sys.prefix) / "share" / APP_NAME / "profiles"
 
 
 def ensure_dir(path: Path, *, private: bool = False) -> Path:
