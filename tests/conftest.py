@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["fake_hub_fixtures"]  # FakeHub fixtures for tests/hub and tests/tui
+
 DEFAULT_TEST_DEMO_CACHE = Path("~/.cache/homelab-test-models").expanduser()
 
 

@@ -7,7 +7,8 @@ first, so every corruption below is the only thing wrong), or cut from a real de
 
 from __future__ import annotations
 
-import resource
+import mmap
+import re
 import struct
 import time
 import tracemalloc
@@ -15,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from homelab.errors import ModelFileError
@@ -101,10 +103,37 @@ def section_ends() -> tuple[int, int, int]:
     return header_end, kv_end, kv_end + sum(len(item) for item in BASE_TENSORS)
 
 
+def reset_peak_rss() -> bool:
+    """Reset Linux's peak RSS (``VmHWM``) to the RSS now; False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+PEAK_RSS_RESETTABLE = reset_peak_rss()
+
+
+def rss_high_water_bytes() -> int:
+    """The peak RSS since the last reset (``VmHWM``), or failing that the RSS now."""
+    if PEAK_RSS_RESETTABLE:
+        found = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+        assert found is not None, "no VmHWM line in /proc/self/status"
+        return int(found[1]) * 1024
+    return int(psutil.Process().memory_info().rss)
+
+
 @contextmanager
 def bounded() -> Iterator[None]:
-    """Fail if the block allocates more than ~50 MB (Python heap or RSS) or runs too long."""
-    rss_before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """Fail if the block allocates more than ~50 MB (Python heap or RSS) or runs too long.
+
+    RSS is measured from the RSS before the block to its peak inside it (where Linux lets the
+    peak be reset; elsewhere to the RSS after it); the process's lifetime peak
+    (``ru_maxrss``) would hide any growth once an earlier test had loaded a model."""
+    rss_before_bytes = int(psutil.Process().memory_info().rss)
+    if PEAK_RSS_RESETTABLE:
+        reset_peak_rss()
     tracemalloc.start()
     started = time.monotonic()
     try:
@@ -113,10 +142,27 @@ def bounded() -> Iterator[None]:
         elapsed_s = time.monotonic() - started
         _, peak_bytes = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    rss_growth_bytes = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before_kib) * 1024
+    rss_growth_bytes = rss_high_water_bytes() - rss_before_bytes
     assert peak_bytes < MAX_MEMORY_GROWTH_BYTES, f"Python heap peaked at {peak_bytes:,} bytes"
     assert rss_growth_bytes < MAX_MEMORY_GROWTH_BYTES, f"RSS grew by {rss_growth_bytes:,} bytes"
     assert elapsed_s < MAX_SECONDS, f"took {elapsed_s:.1f} s"
+
+
+def touch_anonymous_memory(n_bytes: int) -> None:
+    """Map ``n_bytes`` outside the Python heap (tracemalloc cannot see it), write every page,
+    and unmap it again: a native allocation that is gone by the end of the block."""
+    mapping = mmap.mmap(-1, n_bytes)
+    for offset in range(0, n_bytes, mmap.PAGESIZE):
+        mapping[offset] = 1
+    mapping.close()
+
+
+@pytest.mark.skipif(not PEAK_RSS_RESETTABLE, reason="needs Linux's resettable peak RSS")
+def test_the_bound_catches_a_native_allocation_freed_before_the_end() -> None:
+    with pytest.raises(AssertionError, match="RSS grew by"), bounded():
+        touch_anonymous_memory(2 * MAX_MEMORY_GROWTH_BYTES)
+    with bounded():  # the same check passes when nothing much is allocated
+        touch_anonymous_memory(MAX_MEMORY_GROWTH_BYTES // 10)
 
 
 def assert_rejected(path: Path, *problem: str) -> ModelFileError:

@@ -1,5 +1,6 @@
-"""Fixtures for the hub tests: a FakeHub serving generated GGUF files, and the environment
-(HF_ENDPOINT, HF_HOME…) pointing the real ``huggingface_hub`` client and homelab at it."""
+"""Fixtures for the hub tests: the repos the FakeHub serves (generated GGUF files). The
+FakeHub itself and the environment pointing at it (``fake_hub``, ``hub_env``) are shared
+with other packages: see ``tests/fake_hub_fixtures.py``."""
 
 from __future__ import annotations
 
@@ -55,44 +56,6 @@ def split_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     parts = sorted(folder.glob("TinyLlama-Q8_0-*-of-*.gguf"))
     assert len(parts) == 2, parts
     return parts
-
-
-@pytest.fixture(scope="session")
-def _running_fake_hub() -> Iterator[FakeHub]:
-    hub = FakeHub().start()  # stopping a server takes ~0.5 s: start them once
-    yield hub
-    hub.stop()
-
-
-@pytest.fixture
-def fake_hub(_running_fake_hub: FakeHub) -> FakeHub:
-    _running_fake_hub.reset()
-    return _running_fake_hub
-
-
-@pytest.fixture
-def hub_env(fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Point homelab (and huggingface_hub calls homelab makes) at the FakeHub; returns HF_HOME."""
-    hf_home = tmp_path / "hf-home"
-    monkeypatch.setenv("HF_ENDPOINT", fake_hub.endpoint)
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_HUB_ETAG_TIMEOUT", "5")
-    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "5")
-    for name in (
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "HF_HUB_CACHE",
-        "HUGGINGFACE_HUB_CACHE",
-        "HF_TOKEN_PATH",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr("homelab.hub.pull.RETRY_WAITS_S", (0.01,))
-    # huggingface_hub fetches an "agent harness" registry from the endpoint it saw at import
-    # time while building its User-Agent; keep that telemetry call out of the request logs
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", True)
-    return hf_home
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fake_hub import FakeHub
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 from tui_fakes import FakeHardware
 
 from homelab.tui.app import HomelabApp, make_app
+from homelab.tui.screens.error import ErrorScreen
 from homelab.tui.screens.picker import ModelPicker
 from homelab.tui.services import choose_model
 
@@ -92,40 +94,32 @@ async def test_filter_and_pick_a_model_replans(cpu_machine: FakeHardware) -> Non
         assert "homelab pull" in str(app.screen.error)  # type: ignore[attr-defined]
 
 
-class FakeHubPull:
-    """Stands in for homelab.hub.pull.pull_by_name: the Hugging Face hub cannot be reached
-    from the test machines. It reports progress in chunks like a download and "downloads"
-    the demo model's weights into a folder, as the real pull leaves a file in the cache."""
+def serve_catalogue_repo(fake_hub: FakeHub, ref: str, weights: Path) -> str:
+    """Serve catalogue model ``ref``'s hub repo from the FakeHub (the real hub cannot be
+    reached from the test machines): every quant file it lists, each holding ``weights``."""
+    from homelab.gguf.catalogue import find_model
 
-    def __init__(self, source: Path, folder: Path) -> None:
-        self.source = source
-        self.folder = folder
-        self.names: list[str] = []
-
-    def __call__(self, name: str, *, progress: object) -> object:
-        from homelab.hub.pull import PulledModel
-
-        self.names.append(name)
-        repo_id, quant = name.split(":")
-        total = self.source.stat().st_size
-        progress.start(f"{repo_id} {quant}", total, 0)  # type: ignore[attr-defined]
-        for _ in range(100):
-            progress.advance(total // 100)  # type: ignore[attr-defined]
-            time.sleep(0.002)
-        progress.finish()  # type: ignore[attr-defined]
-        target = self.folder / f"{repo_id.split('/')[-1]}-{quant}.gguf"
-        shutil.copyfile(self.source, target)
-        return PulledModel(repo_id, "0" * 40, quant, (target,), total, total, False, ())
+    entry = find_model(ref)
+    data = weights.read_bytes()
+    fake_hub.add_repo(
+        entry.hf_repo,
+        {
+            "README.md": f"# {entry.hf_repo}\n".encode(),
+            **{quant.file: data for quant in entry.quants},
+        },
+    )
+    return entry.hf_repo
 
 
 async def test_download_from_the_picker_then_plan_the_local_copy(
     cpu_machine: FakeHardware,
     lone_demo_model: Path,
-    tmp_path: Path,
+    fake_hub: FakeHub,
+    hub_env: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fake_pull = FakeHubPull(lone_demo_model, tmp_path)
-    monkeypatch.setattr("homelab.hub.pull.pull_by_name", fake_pull)
+    repo_id = serve_catalogue_repo(fake_hub, "phi-4", lone_demo_model)
+    size_bytes = lone_demo_model.stat().st_size
     shown: list[tuple[str, int, int]] = []
     real_show = ModelPicker.show_progress
 
@@ -137,15 +131,32 @@ async def test_download_from_the_picker_then_plan_the_local_copy(
     app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(160, 48)) as pilot:
         picker = await badges_shown(app, pilot)
+        quant = picker.badges["phi-4"].quant
+        assert quant is not None
         picker.query_one("#picker-filter", Input).value = "phi-4"
         await pilot.pause()
         await pilot.press("d")
         await wait_until(
-            pilot, lambda: app.choice is not None and app.choice.kind == "local", "the pull"
+            pilot,
+            lambda: (
+                isinstance(app.screen, ErrorScreen)
+                or (app.choice is not None and app.choice.kind == "local")
+            ),
+            "the pull",
         )
-        assert fake_pull.names and fake_pull.names[0].endswith(":" + picker.badges["phi-4"].quant)
+        assert not isinstance(app.screen, ErrorScreen), app.screen.error  # type: ignore[attr-defined]
         assert not isinstance(app.screen, ModelPicker)
-        assert shown and shown[0][0].startswith("bartowski/phi-4-GGUF")  # progress was shown
+        # the real pull fetched the planned quant's file into the Hugging Face cache…
+        assert app.choice.label == f"{repo_id}:{quant}"
+        path = app.choice.path
+        assert path is not None and path.name == f"phi-4-{quant}.gguf"
+        assert path.resolve().is_relative_to(hub_env)
+        assert path.read_bytes() == lone_demo_model.read_bytes()
+        cdn_gets = fake_hub.requests("cdn", "GET")
+        assert len(cdn_gets) == 1  # one file, in one piece
+        # …and the picker showed its progress, up to the whole file, before closing
+        assert shown and all(label == path.name for label, _, _ in shown)
+        assert shown[-1] == (path.name, size_bytes, size_bytes)
         await wait_until(
             pilot,
             lambda: app.plan is not None and app.plan.model_source == str(app.choice.path),
