@@ -8,18 +8,9 @@ offers its fixed tiny/bench sizes, so the three pieces are called directly here.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
-import gguf
-
-from homelab.gguf.demo import (
-    ArchSpec,
-    _tensors,  # the generator's own pieces: same tensors, metadata and tokenizer
-    _write_hparams,
-    _write_tokenizer,
-    demo_model_path,
-)
+from homelab.gguf.demo import ArchSpec, demo_model_path, write_spec_model
 
 # ~1.6 B parameters: 3.2 GB in F16, 1.7 GB in Q8_0; head size 128 (CUDA flash attention and
 # quantized caches both work); 4 KV heads so a long context costs 48 KiB per token in f16
@@ -42,20 +33,7 @@ def big_paths(folder: Path) -> tuple[Path, Path]:
 
 def write_f16(path: Path, spec: ArchSpec, seed: int = 1) -> Path:
     """Write an F16 model of ``spec`` at ``path`` (atomically), as the demo generator would."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".partial-") as staging_dir:
-        staging = Path(staging_dir) / path.name
-        writer = gguf.GGUFWriter(staging, spec.arch)
-        _write_hparams(writer, spec, f"{BIG_STEM}-{spec.n_embd}x{spec.n_layer}")
-        _write_tokenizer(writer, spec.n_vocab)
-        for name, data in _tensors(spec, seed):
-            writer.add_tensor(name, data)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(staging, path)
-    return path
+    return write_spec_model(path, spec, f"{BIG_STEM}-{spec.n_embd}x{spec.n_layer}", seed)
 
 
 def generate_f16(folder: Path, bench_size: str, big: ArchSpec) -> dict[str, str]:

@@ -274,6 +274,13 @@ def write_f16_model(
     """
     spec = spec_for(arch, size)
     name = f"homelab-demo-{arch}-{size}"
+    return write_spec_model(path, spec, name, seed, split_max_tensors=split_max_tensors)
+
+
+def write_spec_model(
+    path: Path, spec: ArchSpec, name: str, seed: int = 0, *, split_max_tensors: int = 0
+) -> Path:
+    """Write an F16 random-weights model of any ``spec`` (e.g. a larger one for GPU checks)."""
     ensure_dir(path.parent)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".partial-") as staging_dir:
         staging = Path(staging_dir) / path.name
