@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 ModelKind = Literal["local", "catalogue", "hub", "demo"]
 DEMO_REF = "demo"
+DEMO_ALIASES = ("demo-tiny", "demo-bench")  # older spellings of demo:tiny / demo:bench
 DEMO_LABEL = "demo model, random weights"
 
 
@@ -119,10 +120,13 @@ def choose_model(requested: str | None) -> ModelChoice:
     if requested is None:
         local = [choice for choice in local_choices() if choice.runnable]
         return local[0] if local else demo_choice()
-    if requested.lower() in (DEMO_REF, "demo:tiny", "demo-tiny"):
-        return demo_choice()
-    if requested.lower() in ("demo:bench", "demo-bench"):
-        return demo_choice("bench")
+    from homelab.gguf.demo import demo_ref_path, is_demo_ref
+
+    spelled = (
+        requested.replace("demo-", "demo:", 1) if requested.lower() in DEMO_ALIASES else requested
+    )
+    if is_demo_ref(spelled):  # demo[:ARCH][:SIZE][:QUANT], the same names every verb takes
+        return local_choice(demo_ref_path(spelled), detail="generated locally")
     path = Path(requested).expanduser()
     if path.suffix.lower() == ".gguf" or path.exists():
         return local_choice(path)
