@@ -35,7 +35,7 @@ from typing import Any
 from benchmarks.llama_tools import HERE, tool_path
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 N_GEN = 128
 PROMPT_TOKENS = 32

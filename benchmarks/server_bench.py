@@ -38,7 +38,7 @@ import httpx
 
 from benchmarks.engine_bench import wait_for_quiet
 from benchmarks.llama_tools import HERE, build_tools, tool_path
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 BANNED_END_TOKENS = {"2": -100, "4": -100}  # </s> and <|im_end|> of the demo vocabulary
 WORDS = ("cache", "token", "layer", "model", "speed", "memory", "context", "quant", "slot", "batch")

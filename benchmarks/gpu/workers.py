@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 if TYPE_CHECKING:
     from homelab.bench.prompts import PromptSource

@@ -8,7 +8,7 @@ concurrency × K/V-type table, saved as a hardware profile the planner predicts 
 3. the figures are saved in ``data_dir()/profiles/``; the planner then reports
    ``predicted.basis = "measured"`` for these settings on this machine.
 
-It refuses to run while a homelab server is running (see :mod:`homelab.bench.guard`).
+It refuses to run while a homelab server is running (see :mod:`homelab.lock`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from homelab.engine.engine import Engine
     from homelab.gguf.model import ModelInfo
     from homelab.planner.budget import Hardware
-    from homelab.planner.settings import Settings
+    from homelab.settings import Settings
 
 DEFAULT_LEVELS = "1,2,4,8,16,32,64"
 DEFAULT_KV_TYPES = "f16,q8_0,q4_0"
@@ -68,7 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from homelab.bench.guard import refuse_if_server_running
+    from homelab.lock import refuse_if_server_running
 
     refuse_if_server_running("benchmark")
     outcome = measure(args)

@@ -26,7 +26,7 @@ import numpy as np
 from homelab.bench.prompts import PromptSource
 from homelab.engine.api import FinishEvent, GenerationRequest, RequestStats, SamplingParams
 from homelab.errors import BenchError
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine

@@ -20,8 +20,8 @@ from homelab.planner.cache import pad, slot_settings_ctx
 from homelab.planner.memory import estimate_memory
 from homelab.planner.plan import Plan, plan_model
 from homelab.planner.search import PlanRequest
-from homelab.planner.settings import Settings
-from homelab.planner.sizes import format_size, parse_size
+from homelab.settings import Settings
+from homelab.units import format_size, parse_size
 
 TABLE_UBATCH = 512  # llama.cpp's default micro-batch
 

@@ -39,7 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from homelab.bench.guard import refuse_if_server_running
+    from homelab.lock import refuse_if_server_running
 
     refuse_if_server_running("quality run")
     result, saved = _measure(args)

@@ -26,7 +26,7 @@ from rich.text import Text
 from homelab.bench.concurrency import ConcurrencyTable, LevelResult
 from homelab.bench.profile import SpeedResult, Spread
 from homelab.bench.quality import QualityResult, QualityRow, perplexity_change
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 KV_STYLES = {"f16": "cyan", "q8_0": "green", "q4_0": "magenta"}
 CHART_WIDTH = 40

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 if TYPE_CHECKING:
     from homelab.engine.api import FinishEvent, SamplingParams
     from homelab.engine.engine import Engine
-    from homelab.planner.settings import Settings
+    from homelab.settings import Settings
 
 KV_CHOICES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f32")
 
@@ -86,7 +86,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     Reads either flag set: the planner's (``--ctx 32k``, ``--kv q8_0/f16``, ``--n-gpu-layers``,
     ``--no-flash-attn``…) or this module's fallback (``--kv-type``, ``--flash-attn``…).
     """
-    from homelab.planner.settings import Settings
+    from homelab.settings import Settings
 
     type_k, type_v = _kv_pair(args)
     ctx = _tokens(getattr(args, "ctx", None)) or 4096
@@ -146,7 +146,7 @@ def load_engine(path: str, args: argparse.Namespace) -> Engine:
     from homelab.planner.budget import resolve_hardware
     from homelab.planner.cli import request_from_args
     from homelab.planner.plan import plan_model
-    from homelab.planner.sizes import parse_size
+    from homelab.units import parse_size
 
     def size(name: str) -> int | None:
         value = getattr(args, name, None)

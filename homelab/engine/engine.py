@@ -40,7 +40,7 @@ from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
 from homelab.llamacpp import llama
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 _request_ids = itertools.count(1)
 T = TypeVar("T")

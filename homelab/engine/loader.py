@@ -1,6 +1,6 @@
 """Loading a model and its context through llama.cpp's low-level API, with an OOM ladder.
 
-``load_model`` applies a :class:`~homelab.planner.settings.Settings` exactly (n_gpu_layers,
+``load_model`` applies a :class:`~homelab.settings.Settings` exactly (n_gpu_layers,
 MoE expert overrides, mmap, n_ctx, n_seq_max = slots, K/V types, flash attention,
 n_batch/n_ubatch, swa_full, kv_unified, threads). When llama.cpp fails *for memory* it steps
 down one rung at a time and retries:
@@ -29,7 +29,7 @@ from typing import Any
 from homelab.errors import EngineError, ModelFileError, OutOfMemoryError
 from homelab.gguf.model import ModelInfo
 from homelab.llamacpp import capture_log, joined, llama
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 GGML_TYPES = {
     "f32": 0,

@@ -33,7 +33,7 @@ def run_cli(
     if plan:
         from homelab.hub.matrix import print_matrix
         from homelab.planner.budget import resolve_hardware
-        from homelab.planner.sizes import parse_size
+        from homelab.units import parse_size
 
         hardware = resolve_hardware(gpu=gpu, vram_bytes=parse_size(vram) if vram else None)
         return print_matrix(settings, listing, hardware=hardware, as_json=as_json)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from homelab.errors import PlanError
 from homelab.gguf.model import ModelInfo
 from homelab.planner.geometry import CacheGeometry, cache_geometry
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 MIB = 1 << 20
 GIB = 1 << 30

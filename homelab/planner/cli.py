@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from homelab.planner.search import PlanRequest
-    from homelab.planner.settings import Settings
+    from homelab.settings import Settings
 
 GOALS = ("context", "quality", "throughput")
 
@@ -140,7 +140,7 @@ def parse_tokens(text: str | int) -> int:
 def _size(text: str | None) -> int | None:
     if text is None:
         return None
-    from homelab.planner.sizes import parse_size
+    from homelab.units import parse_size
 
     return parse_size(text)
 

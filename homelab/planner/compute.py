@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from homelab.gguf.model import ModelInfo
 from homelab.planner.cache import ContextShape, context_shape, is_quantized, kv_cells
 from homelab.planner.geometry import CacheGeometry, cache_geometry, int_key
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 F32 = 4
 # f32 hidden-state rows per token alive next to the logits; ggml's allocator adds 0-9%

@@ -30,7 +30,7 @@ from typing import Any
 
 from homelab.errors import EngineError
 from homelab.planner.cache import GGML_TYPE_IDS
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 MIB = 1 << 20
 DRY_RUN_TIMEOUT_S = 60.0

@@ -26,7 +26,7 @@ from homelab.planner.cache import kv_bytes_by_layer, recurrent_bytes_by_layer
 from homelab.planner.compute import GraphPart, compute_bytes, graph_facts
 from homelab.planner.geometry import cache_geometry
 from homelab.planner.placement import layer_devices, weight_table
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 F32 = 4
 

@@ -33,7 +33,7 @@ from homelab.planner.search import (
     Search,
     order_by_quality,
 )
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 LOG_RESOLUTION_MIB = 0.005  # llama.cpp logs sizes in MiB with two decimals
 

@@ -32,7 +32,7 @@ from homelab.locations import data_dir
 from homelab.planner.budget import Hardware
 from homelab.planner.cache import context_shape, kv_bytes_by_layer
 from homelab.planner.memory import MemoryModel
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 BANDWIDTH_EFFICIENCY = 0.75  # llama.cpp decode reaches ~70-85% of peak bandwidth
 GPU_FLOPS_EFFICIENCY = 0.35  # of the dense FP16 tensor-core rate, for quantized matmuls

@@ -6,7 +6,7 @@ from __future__ import annotations
 from homelab.planner.memory import DeviceMemory
 from homelab.planner.plan import CapacityRow, Plan, Verification
 from homelab.planner.search import CAPACITY_LIMIT_TOKENS
-from homelab.planner.sizes import format_size
+from homelab.units import format_size
 
 BAR_WIDTH = 28
 NAME_WIDTH = 30

@@ -16,7 +16,7 @@ from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Hardware
 from homelab.planner.cache import CACHE_TYPE_BLOCKS, is_quantized
 from homelab.planner.geometry import cache_geometry
-from homelab.planner.settings import KV_TYPES
+from homelab.settings import KV_TYPES
 
 KvPair = tuple[str, str]
 DEFAULT_KV_PAIRS: tuple[KvPair, ...] = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))

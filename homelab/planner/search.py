@@ -35,7 +35,7 @@ from homelab.planner.rules import (
     kv_pair_problem,
     kv_quality,
 )
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 GOALS = ("context", "quality", "throughput")
 DEFAULT_MIN_CONTEXT = 4096

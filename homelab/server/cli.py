@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from homelab.planner.settings import Settings
+    from homelab.settings import Settings
     from homelab.server.auth import KeyRing
     from homelab.server.runner import EngineHolder
 

@@ -121,7 +121,7 @@ def start_server(
 
 def run_holding_lock(server: uvicorn.Server, sock: socket.socket, url: str) -> None:
     """Serve until stopped, holding the server lock so `homelab bench` will not compete."""
-    from homelab.bench.guard import server_lock
+    from homelab.lock import server_lock
 
     with server_lock(url):
         server.run(sockets=[sock])

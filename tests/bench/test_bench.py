@@ -27,7 +27,7 @@ from homelab.bench.concurrency import (
     aggregate_decode_tok_s,
     run_concurrent,
 )
-from homelab.bench.guard import server_lock
+from homelab.lock import server_lock
 from homelab.bench.prompts import PromptSource
 from homelab.bench.render import concurrency_chart, concurrency_table
 from homelab.cli import main

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from homelab.bench.guard import lock_path, refuse_if_server_running, running_server, server_lock
+from homelab.lock import lock_path, refuse_if_server_running, running_server, server_lock
 from homelab.errors import BenchError
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from homelab.engine.engine import Engine
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 EngineFactory = Callable[..., Engine]
 

@@ -115,7 +115,7 @@ from homelab.llamacpp import llama
 llama()
 from homelab.engine.loader import load_model
 from homelab.gguf.reader import read_model
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 path, headroom_mib = sys.argv[1], int(sys.argv[2])
 info = read_model(path)
 status = open("/proc/self/status").read()

@@ -16,7 +16,7 @@ from homelab.planner.geometry import cache_geometry
 from homelab.planner.memory import MemoryModel
 from homelab.planner.placement import layer_devices, weight_table
 from homelab.planner.plan import capacity_table
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 
 def test_context_is_padded_per_sequence_and_can_round_up() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from homelab.gguf.reader import read_model
 from homelab.planner.cache import kv_bytes, recurrent_bytes
 from homelab.planner.dryrun import dry_run, parse_log
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 MIB = 1 << 20
 

@@ -11,7 +11,7 @@ from homelab.gguf.catalogue import find_model
 from homelab.locations import data_dir, ensure_dir
 from homelab.planner.memory import MemoryModel
 from homelab.planner.predict import load_measured_profile, predict_speed, roofline_decode_tok_s
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 MODEL = find_model("llama-3.1-8b").model_info("Q4_K_M")
 FULL = Settings(quant="Q4_K_M", n_ctx=32768, n_ctx_per_slot=32768, flash_attn=True, n_gpu_layers=33)

@@ -28,7 +28,7 @@ from homelab.planner.compute import model_compute_bytes
 from homelab.planner.dryrun import DryRunResult, context_params, parse_log
 from homelab.planner.geometry import cache_geometry
 from homelab.planner.placement import layer_devices, weight_table
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 MIB = 1 << 20
 ARCHS = ("llama", "qwen3", "gemma3", "moe", "deepseek2", "mamba")

@@ -10,7 +10,7 @@ import pytest
 
 from homelab.errors import ModelFileError, PlanError
 from homelab.planner.resolve import model_stem, resolve_model
-from homelab.planner.sizes import format_size, parse_size
+from homelab.units import format_size, parse_size
 
 
 def test_local_quant_files_of_one_model_are_its_variants(

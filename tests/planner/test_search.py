@@ -18,7 +18,7 @@ from homelab.planner.budget import Hardware
 from homelab.planner.memory import MemoryModel
 from homelab.planner.plan import Plan, plan_model
 from homelab.planner.search import PlanRequest, order_by_quality
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 
 
 def plan(model: str, hardware: Hardware, **request: object) -> Plan:

@@ -13,7 +13,7 @@ import pytest
 from server_helpers import ALICE_KEY, BOB_KEY, MODEL_ID, N_CTX_PER_SLOT, N_SLOTS, make_keys
 
 from homelab.engine.engine import Engine
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 from homelab.server.config import ServerConfig
 from homelab.server.runner import ServerHandle, start_server
 

@@ -13,7 +13,7 @@ import pytest
 from server_helpers import ADMIN_KEY, ALICE_KEY, MODEL_ID, make_keys
 
 from homelab.engine.engine import Engine
-from homelab.planner.settings import Settings
+from homelab.settings import Settings
 from homelab.server.config import ServerConfig
 from homelab.server.middleware import RequestRecord
 from homelab.server.runner import EngineHolder, ServerHandle, start_server

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from homelab.bench.guard import refuse_if_server_running, running_server
+from homelab.lock import refuse_if_server_running, running_server
 from homelab.errors import BenchError
 from homelab.server.runner import start_server
 

@@ -1,10 +1,16 @@
-"""Byte sizes as people type them: ``24GiB``, ``512MiB``, ``24GB``, ``1.5G``, ``1073741824``."""
+"""Units, in one place: byte constants, byte sizes as people type them (``24GiB``, ``512MiB``,
+``24GB``, ``1.5G``, ``1073741824``) and as homelab prints them."""
 
 from __future__ import annotations
 
 import re
 
 from homelab.errors import PlanError
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+TIB = 1 << 40
 
 _UNITS = {
     "": 1, "b": 1,
