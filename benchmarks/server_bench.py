@@ -83,13 +83,17 @@ def planned_settings(config: ServerBenchConfig, slots: int) -> Settings:
     """What ``homelab serve`` will load: its own planner, with the flags the bench passes."""
     from dataclasses import replace
 
-    from homelab.planner.cli import add_plan_arguments, settings_from_args
+    from homelab.cli import flags as cli_flags
+    from homelab.models.launch import plan_file
+    from homelab.models.ref import resolve
 
     parser = argparse.ArgumentParser()
-    add_plan_arguments(parser)
+    cli_flags.add_plan_flags(parser)
     flags = ["--ctx", str(config.ctx_per_slot), "--parallel", str(slots), "--goal", "throughput"]
-    settings = settings_from_args(parser.parse_args(flags), config.model)
-    return replace(settings, n_threads=config.threads)
+    args = parser.parse_args(flags)
+    ref = resolve(str(config.model))
+    plan = plan_file(ref, cli_flags.plan_request(args), cli_flags.hardware(args))
+    return replace(plan.settings, n_threads=config.threads)
 
 
 def ours_command(config: ServerBenchConfig, slots: int, port: int) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,31 @@ def demo_model() -> DemoModelFactory:
         return demo_model_path(arch, size, quant)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def byte_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo llama with a vocabulary of byte tokens only (no pieces, not even ``▁``).
+
+    Every character falls back to its UTF-8 bytes and every space becomes ``▁``'s three
+    bytes, so a text has more tokens than bytes — legal, and what a buffer sized from the
+    text's length cannot hold.
+    """
+    from homelab.gguf import demo, vocab
+
+    full_vocabulary = vocab.build_vocabulary
+
+    def bytes_only(n_vocab: int, *args: Any, **kwargs: Any) -> vocab.Vocabulary:
+        full = full_vocabulary(n_vocab, *args, **kwargs)
+        kept = len(vocab.SPECIALS) + 256
+        filler = n_vocab - kept
+        return vocab.Vocabulary(
+            full.tokens[:kept] + tuple(f"<unused{i}>" for i in range(filler)),
+            full.scores[:kept] + (-1e9,) * filler,
+            full.types[:kept] + (vocab.USER_DEFINED,) * filler,
+        )
+
+    path = tmp_path_factory.mktemp("byte-vocab") / "homelab-demo-llama-bytes-F16.gguf"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vocab, "build_vocabulary", bytes_only)
+        return demo.write_spec_model(path, demo.spec_for("llama", "tiny"), "llama-bytes")

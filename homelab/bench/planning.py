@@ -10,10 +10,9 @@ guess of our own.
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from homelab.bench.concurrency import FitCheck, FitVerdict
-from homelab.errors import BenchError, ModelFileError, PlanError
+from homelab.errors import BenchError, PlanError
 from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Hardware, resolve_hardware
 from homelab.planner.cache import pad, slot_settings_ctx
@@ -24,21 +23,6 @@ from homelab.settings import Settings
 from homelab.units import format_size, parse_size
 
 TABLE_UBATCH = 512  # llama.cpp's default micro-batch
-
-
-def resolve_model_path(spec: str) -> Path:
-    """A GGUF path, or a generated demo model (``demo``, ``demo:bench[:QUANT]``,
-    ``demo:ARCH:SIZE:QUANT``)."""
-    from homelab.gguf.demo import demo_ref_path, is_demo_ref
-
-    if is_demo_ref(spec):
-        return demo_ref_path(spec)
-    path = Path(spec).expanduser()
-    if not path.is_file():
-        raise ModelFileError(
-            path, "file not found", hint="Give a .gguf file, or `demo:bench` for the demo model."
-        )
-    return path
 
 
 def parse_budget(text: str | None) -> int | None:

@@ -27,16 +27,16 @@ from typing import Any
 import numpy as np
 
 from homelab.errors import BenchError, ModelFileError
-from homelab.llamacpp import capture_log, joined, llama
+from homelab.llamacpp.backend import supports_gpu_offload
+from homelab.llamacpp.batch import Batch
+from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
+from homelab.llamacpp.model import ALL_LAYERS, Model, ModelLoadError, ModelParams
 
 DEFAULT_CTX = 512
 BUNDLED_TEXT = Path(__file__).with_name("sample_text.txt")
 BUNDLED_TEXT_NAME = "bundled sample (homelab/bench/sample_text.txt)"
 
 Progress = Callable[[int, int], None]  # (steps done, steps in all)
-
-_GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
-_GGML_TYPES |= {"iq4_nl": 20, "bf16": 30}
 
 
 @dataclass(frozen=True)
@@ -251,114 +251,72 @@ def perplexity(nll_chunks: Sequence[np.ndarray]) -> float:
 class _Evaluator:
     """One llama.cpp context that returns next-token log-probabilities for a whole chunk."""
 
-    def __init__(self, model: Any, config: QualityConfig, n_ctx: int) -> None:
-        lib = llama()
-        self.n_vocab = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model)))
-        with capture_log() as lines:
-            self.ctx = lib.llama_init_from_model(model, _context_params(config, n_ctx))
-        if not self.ctx:
+    def __init__(self, model: Model, config: QualityConfig, n_ctx: int) -> None:
+        try:
+            self.context = Context.create(model, _context_params(config, n_ctx))
+        except ContextCreateError as error:
             raise BenchError(
-                f"llama.cpp could not create a context for {config.describe()}: "
-                f"{_last_lines(joined(lines))}",
+                f"llama.cpp could not create a context for {config.describe()}: {error.reason}",
                 hint="Quantized K/V caches need head sizes divisible by 32; try --kv f16.",
-            )
-        self.batch = lib.llama_batch_init(n_ctx, 0, 1)
+            ) from None
+        self.batch = Batch(n_ctx)
 
     def log_probs(self, tokens: Sequence[int], first: int) -> np.ndarray:
         """Log-probabilities of the next token at positions ``first`` .. ``len(tokens) - 2``."""
-        lib = llama()
-        lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
-        _fill_batch(self.batch, tokens)
-        status = lib.llama_decode(self.ctx, self.batch)
+        self.context.memory.clear()
+        self.batch.clear()
+        self.batch.add_run(tokens, 0, 0, output_all=True)
+        status = self.context.decode(self.batch)
         if status != 0:
             raise BenchError(f"llama_decode failed (status {status}) while measuring quality")
-        logits = np.ctypeslib.as_array(lib.llama_get_logits(self.ctx), (len(tokens), self.n_vocab))
-        return log_softmax(logits[first:-1])
+        return log_softmax(self.context.all_logits(len(tokens))[first:-1])
 
     def close(self) -> None:
-        lib = llama()
-        lib.llama_batch_free(self.batch)
-        lib.llama_free(self.ctx)
+        self.batch.close()
+        self.context.close()
 
 
-def _context_params(config: QualityConfig, n_ctx: int) -> Any:
-    lib = llama()
-    params = lib.llama_context_default_params()
-    params.n_ctx = n_ctx
-    params.n_batch = n_ctx
-    params.n_ubatch = n_ctx
-    params.n_seq_max = 1
-    params.type_k = _ggml_type(config.type_k)
-    params.type_v = _ggml_type(config.type_v)
-    params.flash_attn_type = 1 if config.flash_attn else 0
-    params.no_perf = True
-    return params
-
-
-def _ggml_type(name: str) -> int:
-    try:
-        return _GGML_TYPES[name.lower()]
-    except KeyError:
-        known = ", ".join(_GGML_TYPES)
-        raise BenchError(f"unknown K/V cache type {name!r}", hint=f"Use one of {known}.") from None
-
-
-def _fill_batch(batch: Any, tokens: Sequence[int]) -> None:
-    batch.n_tokens = len(tokens)
-    for position, token in enumerate(tokens):
-        batch.token[position] = token
-        batch.pos[position] = position
-        batch.n_seq_id[position] = 1
-        batch.seq_id[position][0] = 0
-        batch.logits[position] = 1  # an output row for every position
-
-
-def _last_lines(log_text: str, count: int = 3) -> str:
-    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    return " | ".join(lines[-count:]) or "no details in llama.cpp's log"
+def _context_params(config: QualityConfig, n_ctx: int) -> ContextParams:
+    """One sequence whose every position is an output, in one ubatch."""
+    return ContextParams(
+        n_ctx=n_ctx,
+        n_batch=n_ctx,
+        n_ubatch=n_ctx,
+        n_seq_max=1,
+        type_k=config.type_k,
+        type_v=config.type_v,
+        flash_attn=config.flash_attn,
+    )
 
 
 @contextmanager
-def _loaded_models(paths: Sequence[str]) -> Iterator[dict[str, Any]]:
+def _loaded_models(paths: Sequence[str]) -> Iterator[dict[str, Model]]:
     """Each distinct weights file loaded once (CPU or as llama.cpp's defaults place it)."""
-    lib = llama()
-    models: dict[str, Any] = {}
-    try:
-        for path in dict.fromkeys(paths):
-            models[path] = _load_model(lib, path)
+    params = ModelParams(n_gpu_layers=ALL_LAYERS if supports_gpu_offload() else 0)
+    with ExitStack() as stack:
+        models = {
+            path: stack.enter_context(_load_model(path, params)) for path in dict.fromkeys(paths)
+        }
         yield models
-    finally:
-        for model in models.values():
-            lib.llama_model_free(model)
 
 
-def _load_model(lib: Any, path: str) -> Any:
+def _load_model(path: str, params: ModelParams) -> Model:
     if not Path(path).is_file():
         raise ModelFileError(path, "file not found", hint="Check the path or run `homelab models`.")
-    params = lib.llama_model_default_params()
-    params.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
-    with capture_log() as lines:
-        model = lib.llama_model_load_from_file(path.encode(), params)
-    if not model:
+    try:
+        return Model.load(path, params)
+    except ModelLoadError as error:
         raise ModelFileError(
             path,
-            f"llama.cpp could not load it: {_last_lines(joined(lines))}",
+            f"llama.cpp could not load it: {error.reason}",
             hint="The reference and the plan's weights are loaded together; if both do not fit "
             "in memory, pass a smaller --reference (or the plan's own file).",
-        )
-    return model
+        ) from None
 
 
-def tokenize(model: Any, text: str) -> list[int]:
+def tokenize(model: Model, text: str) -> list[int]:
     """The text's tokens (no BOS, special tokens not parsed)."""
-    lib = llama()
-    vocab = lib.llama_model_get_vocab(model)
-    raw = text.encode("utf-8")
-    buffer = (lib.llama_token * (len(raw) + 16))()
-    count = lib.llama_tokenize(vocab, raw, len(raw), buffer, len(buffer), False, False)
-    if count < 0:
-        raise BenchError("the text could not be tokenized (too many tokens for the buffer)")
-    return list(buffer[:count])
+    return model.vocab.tokenize(text, add_bos=False, parse_special=False)
 
 
 def chunks(
@@ -377,10 +335,8 @@ def chunks(
     return result
 
 
-def _bos(model: Any) -> int | None:
-    lib = llama()
-    vocab = lib.llama_model_get_vocab(model)
-    return int(lib.llama_vocab_bos(vocab)) if lib.llama_vocab_get_add_bos(vocab) else None
+def _bos(model: Model) -> int | None:
+    return model.vocab.bos if model.vocab.adds_bos else None
 
 
 # --- the measurement ---------------------------------------------------------------------
@@ -433,7 +389,7 @@ def measure_quality(
     )
 
 
-def _open(stack: ExitStack, model: Any, config: QualityConfig, n_ctx: int) -> _Evaluator:
+def _open(stack: ExitStack, model: Model, config: QualityConfig, n_ctx: int) -> _Evaluator:
     evaluator = _Evaluator(model, config, n_ctx)
     stack.callback(evaluator.close)
     return evaluator
@@ -464,12 +420,8 @@ def _tick(progress: Progress | None, done: int, total: int) -> int:
     return done
 
 
-def _require_same_vocabulary(models: dict[str, Any]) -> None:
-    lib = llama()
-    sizes = {
-        path: int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model)))
-        for path, model in models.items()
-    }
+def _require_same_vocabulary(models: dict[str, Model]) -> None:
+    sizes = {path: model.vocab.n_tokens for path, model in models.items()}
     if len(set(sizes.values())) > 1:
         listed = ", ".join(f"{Path(p).name}: {n}" for p, n in sizes.items())
         raise BenchError(

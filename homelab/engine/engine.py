@@ -20,6 +20,7 @@ interfere — measured 15-20 % slower decoding at 2 threads (see benchmarks/RESU
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import threading
 import time
@@ -32,14 +33,15 @@ from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
 from homelab.engine.loader import LoadedModel, LoadReport, load_model
 from homelab.engine.metrics import EngineMeter, RequestClock
+from homelab.engine.prompt_bound import tokenize_within
 from homelab.engine.sampling import SamplerChain
-from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig, token_bytes
-from homelab.engine.slots import KvMemory, SlotState, SlotTable
+from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig
+from homelab.engine.slots import SlotState, SlotTable
 from homelab.engine.text import StopMatcher
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
-from homelab.llamacpp import llama
+from homelab.llamacpp.context import Context
 from homelab.settings import Settings
 
 _request_ids = itertools.count(1)
@@ -57,38 +59,34 @@ class Engine:
         queue_limit: int = 64,
         prefill_chunk_tokens: int | None = None,
     ) -> None:
-        lib = llama()
         self._loaded = loaded
         self.model_info = model_info
         self.load_report: LoadReport = loaded.report
         self.settings: Settings = loaded.report.settings
-        self._vocab = loaded.vocab
-        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._vocab = vocab = loaded.model.vocab
+        self.n_vocab = vocab.n_tokens
         self.n_ctx_per_slot = loaded.report.n_ctx_per_slot
         self.n_slots = loaded.report.n_slots
-        self.bos_token_id = int(lib.llama_vocab_bos(self._vocab))
-        self.eog_tokens = frozenset(
-            token for token in range(self.n_vocab) if lib.llama_vocab_is_eog(self._vocab, token)
-        )
+        self.bos_token_id = vocab.bos
+        self.eog_tokens = vocab.end_of_generation_tokens()
         self._meter = EngineMeter(self.n_slots, loaded.report.n_ctx)
-        memory = KvMemory(loaded.ctx)
         self._slots = slots = SlotTable(
             self.n_slots,
-            memory,
+            loaded.context.memory,
             prefix_reuse=loaded.report.prefix_reuse,
             n_swa=0 if self.settings.swa_full else model_info.n_swa,
         )
-        n_batch = int(lib.llama_n_batch(loaded.ctx))
+        n_batch = loaded.context.n_batch
         if self.n_slots > n_batch:
             raise EngineError(
                 f"{self.n_slots} slots need a batch of at least {self.n_slots} tokens "
                 f"(n_batch is {n_batch})",
                 hint="Raise n_batch or lower the number of parallel slots.",
             )
-        chunk = prefill_chunk_tokens or int(lib.llama_n_ubatch(loaded.ctx))
+        chunk = prefill_chunk_tokens or loaded.context.n_ubatch
         config = SchedulerConfig(n_batch, self.n_vocab, self.n_ctx_per_slot, chunk, queue_limit)
         self._scheduler = Scheduler(
-            loaded.ctx, self._vocab, slots, self._meter, config, self.eog_tokens
+            loaded.context, vocab, slots, self._meter, config, self.eog_tokens
         )
         self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
         self._chat_template = self._make_chat_template()
@@ -130,28 +128,12 @@ class Engine:
             record_load(engine.load_report, info, predicted)
         return engine
 
-    @classmethod
-    def from_plan(cls, plan: Any, **options: Any) -> Engine:
-        """Load the file a planner ``Plan`` was made for, with its settings.
-
-        The plan's memory estimate goes into the calibration record next to what llama.cpp
-        really allocated.
-        """
-        path = getattr(plan, "model_source", None)
-        if not path:
-            raise EngineError("the plan does not name a model file")
-        memory = getattr(plan, "memory", None)
-        to_dict = getattr(memory, "to_dict", None)
-        predicted = to_dict() if callable(to_dict) else None
-        return cls.load(path, plan.settings, predicted=predicted, **options)
-
     def _make_chat_template(self) -> ChatTemplate | None:
         source = self.model_info.chat_template
         if not source:
             return None
-        bos = token_bytes(self._vocab, self.bos_token_id, special=True).decode(errors="replace")
-        eos_id = int(llama().llama_vocab_eos(self._vocab))
-        eos = token_bytes(self._vocab, eos_id, special=True).decode(errors="replace")
+        bos = self._vocab.token_bytes(self.bos_token_id, special=True).decode(errors="replace")
+        eos = self._vocab.token_bytes(self._vocab.eos, special=True).decode(errors="replace")
         try:
             return ChatTemplate(source, bos, eos)
         except EngineError:
@@ -160,27 +142,31 @@ class Engine:
     # --- text ----------------------------------------------------------------------------
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
-        lib = llama()
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        buffer = (lib.llama_token * capacity)()
-        count = lib.llama_tokenize(self._vocab, data, len(data), buffer, capacity, add_bos, special)
-        if count < 0:
-            capacity = -count
-            buffer = (lib.llama_token * capacity)()
-            count = lib.llama_tokenize(
-                self._vocab, data, len(data), buffer, capacity, add_bos, special
-            )
-        if count < 0:
-            raise EngineError("llama.cpp could not tokenize the prompt")
-        tokens = list(buffer[:count])
+        tokens = self._vocab.tokenize(text, add_bos=add_bos, parse_special=special)
         if add_bos and len(tokens) > 1 and tokens[0] == tokens[1] == self.bos_token_id:
             del tokens[0]  # the text (e.g. a rendered chat template) already starts with BOS
         return tokens
 
+    def tokenize_within(
+        self, text: str, limit: int, add_bos: bool = True, special: bool = True
+    ) -> list[int]:
+        """``tokenize``, refusing (ContextLengthError) a text of more than ``limit`` tokens
+        after work bounded by ``limit``, not by the text's size (see ``prompt_bound``)."""
+        return tokenize_within(
+            lambda piece, bos: self.tokenize(piece, add_bos=bos, special=special),
+            text,
+            limit,
+            add_bos=add_bos,
+            longest_token_bytes=lambda: self.longest_token_bytes,
+        )
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for (None: the vocabulary normalises)."""
+        return self._vocab.longest_token_bytes()
+
     def detokenize(self, ids: Sequence[int]) -> str:
-        data = b"".join(token_bytes(self._vocab, int(token), special=True) for token in ids)
-        return data.decode("utf-8", errors="replace")
+        return self._vocab.detokenize(ids, special=True)
 
     @property
     def chat_template(self) -> ChatTemplate | None:
@@ -230,7 +216,8 @@ class Engine:
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
         if isinstance(request.prompt, str):
-            tokens = self.tokenize(request.prompt, add_bos=request.add_bos, special=True)
+            limit = self.n_ctx_per_slot - 1  # the exact check with max_tokens comes next
+            tokens = self.tokenize_within(request.prompt, limit, add_bos=request.add_bos)
         else:
             tokens = [int(token) for token in request.prompt]
             bad = [token for token in tokens if not 0 <= token < self.n_vocab]
@@ -279,9 +266,9 @@ class Engine:
         return self._scheduler.call_between_steps(function)
 
     @property
-    def context_pointer(self) -> Any:
-        """The llama_context (use only inside :meth:`run_on_engine_thread`)."""
-        return self._loaded.ctx
+    def context(self) -> Context:
+        """The llama.cpp context (use only inside :meth:`run_on_engine_thread`)."""
+        return self._loaded.context
 
     # --- lifetime ---------------------------------------------------------------------------
 

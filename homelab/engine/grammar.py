@@ -66,15 +66,9 @@ def schema_to_grammar(schema: Mapping[str, Any] | str) -> str:
             f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels",
             hint="Flatten the schema.",
         )
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    from homelab.llamacpp.grammar import json_schema_to_gbnf
 
-    try:
-        grammar = str(json_schema_to_gbnf(text))
-    except (ValueError, KeyError, TypeError, AssertionError, RecursionError) as exc:
-        raise EngineError(
-            f"the JSON schema cannot be turned into a grammar: {exc}",
-            hint="Use standard JSON-schema keywords (type, properties, items, enum, …).",
-        ) from exc
+    grammar = json_schema_to_gbnf(text)
     check_grammar(grammar)
     return grammar
 

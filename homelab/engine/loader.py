@@ -18,39 +18,21 @@ impossible K/V type) is reported at once: stepping down would not help.
 
 from __future__ import annotations
 
-import ctypes
 import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from homelab.errors import EngineError, ModelFileError, OutOfMemoryError
 from homelab.gguf.model import ModelInfo
-from homelab.llamacpp import capture_log, joined, llama
+from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
+from homelab.llamacpp.model import Model, ModelLoadError, ModelParams
 from homelab.settings import Settings
 
-GGML_TYPES = {
-    "f32": 0,
-    "f16": 1,
-    "q4_0": 2,
-    "q4_1": 3,
-    "q5_0": 6,
-    "q5_1": 7,
-    "q8_0": 8,
-    "iq4_nl": 20,
-    "bf16": 30,
-}
 MIN_CTX_PER_SLOT = 512
 MAX_CONTEXT_HALVINGS = 2
 
-_MEMORY_FAILURE = re.compile(
-    r"out of memory|failed to allocate|unable to allocate|cudaMalloc|"
-    r"ErrorOutOfDeviceMemory|not enough memory|insufficient memory|std::bad_alloc",
-    re.IGNORECASE,
-)
-_PROBLEM = re.compile(r"error|fail|requir|unsupported|invalid|cannot|memory", re.IGNORECASE)
 _BUFFER_LINE = re.compile(
     r"(?P<device>[\w.-]+)\s+(?P<kind>model|KV|RS|compute|output) buffer size =\s*"
     r"(?P<mib>[\d.]+) MiB"
@@ -116,108 +98,27 @@ class LoadReport:
         return f"loaded after stepping down to '{self.succeeded_rung}' ({failures})"
 
 
-class _LoadFailure(Exception):
-    def __init__(self, message: str, log_text: str) -> None:
-        super().__init__(message)
-        self.log_text = log_text
-        self.for_memory = bool(_MEMORY_FAILURE.search(log_text))
-
-    def last_lines(self, count: int = 4) -> str:
-        lines = [line.strip() for line in self.log_text.splitlines() if line.strip(" .\n")]
-        interesting = [
-            line for line in lines if _PROBLEM.search(line) and "preferred buffer type" not in line
-        ]
-        return " | ".join((interesting or lines)[-count:])
-
-
 @dataclass
 class LoadedModel:
-    """Owns the llama.cpp model and context pointers; free them with :meth:`close`."""
+    """Owns the llama.cpp model and its context; free both with :meth:`close`."""
 
-    model: Any
-    ctx: Any
-    vocab: Any
+    model: Model
+    context: Context
     report: LoadReport
-    _keepalive: list[Any] = field(default_factory=list)
 
     def close(self) -> None:
-        lib = llama()
-        if self.ctx is not None:
-            lib.llama_free(self.ctx)
-            self.ctx = None
-        if self.model is not None:
-            lib.llama_model_free(self.model)
-            self.model = None
+        self.context.close()  # before the model it belongs to
+        self.model.close()
 
 
 # --- parameters --------------------------------------------------------------------------
 
 
-def ggml_type(name: str) -> int:
-    try:
-        return GGML_TYPES[name.lower()]
-    except KeyError:
-        raise EngineError(
-            f"unknown KV cache type {name!r}", hint=f"Use one of {', '.join(GGML_TYPES)}."
-        ) from None
-
-
-def expert_override_patterns(n_cpu_moe: int) -> list[str]:
-    """llama.cpp's ``--n-cpu-moe N`` patterns: experts of layers 0..N-1 on the CPU."""
-    return [rf"blk\.{i}\.ffn_(up|down|gate|gate_up)_exps" for i in range(n_cpu_moe)]
-
-
-class _BuftOverride(ctypes.Structure):
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def _cpu_buffer_type() -> int:
-    """The CPU device's buffer type, looked up through ggml's device registry."""
-    lib_dir = Path(str(llama().__file__)).parent / "lib"
-    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
-    base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
-    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
-    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-    device = ggml.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
-    if not device:
-        raise EngineError("llama.cpp has no CPU device registered (broken installation)")
-    return int(base.ggml_backend_dev_buffer_type(device))
-
-
-def model_params(settings: Settings, keepalive: list[Any]) -> Any:
-    lib = llama()
-    params = lib.llama_model_default_params()
-    params.n_gpu_layers = settings.n_gpu_layers
-    if settings.n_cpu_moe > 0:
-        patterns = [p.encode() for p in expert_override_patterns(settings.n_cpu_moe)]
-        cpu = _cpu_buffer_type()
-        overrides = (_BuftOverride * (len(patterns) + 1))()
-        for slot, pattern in zip(overrides, patterns, strict=False):
-            slot.pattern, slot.buft = pattern, cpu
-        keepalive.extend([patterns, overrides])  # llama.cpp reads them during the load
-        params.tensor_buft_overrides = ctypes.addressof(overrides)
-    return params
-
-
-def context_params(settings: Settings) -> Any:
-    lib = llama()
-    params = lib.llama_context_default_params()
-    params.n_ctx = settings.n_ctx
-    params.n_seq_max = settings.n_parallel
-    params.n_batch = settings.n_batch
-    params.n_ubatch = min(settings.n_ubatch, settings.n_batch)
-    params.type_k = ggml_type(settings.type_k)
-    params.type_v = ggml_type(settings.type_v)
-    params.flash_attn_type = 1 if settings.flash_attn else 0  # ENABLED / DISABLED, never auto
-    params.swa_full = settings.swa_full
-    params.kv_unified = settings.kv_unified
-    params.no_perf = True
-    threads = settings.n_threads or default_threads()
-    params.n_threads = threads
-    params.n_threads_batch = threads
-    return params
+def context_params(settings: Settings) -> ContextParams:
+    """The plan's context, with llama.cpp tools' thread default when the plan leaves it."""
+    return ContextParams.from_settings(settings).with_threads(
+        settings.n_threads or default_threads()
+    )
 
 
 def default_threads() -> int:
@@ -235,21 +136,14 @@ def default_threads() -> int:
 
 
 def _load_once(path: Path, settings: Settings) -> tuple[LoadedModel, str]:
-    lib = llama()
-    keepalive: list[Any] = []
-    with capture_log() as lines:
-        model = lib.llama_model_load_from_file(
-            str(path).encode(), model_params(settings, keepalive)
-        )
-        if not model:
-            raise _LoadFailure("llama.cpp could not load the model", joined(lines))
-        ctx = lib.llama_init_from_model(model, context_params(settings))
-        if not ctx:
-            lib.llama_model_free(model)
-            raise _LoadFailure("llama.cpp could not create the context", joined(lines))
-    vocab = lib.llama_model_get_vocab(model)
+    model = Model.load(path, ModelParams.from_settings(settings))
+    try:
+        context = Context.create(model, context_params(settings))
+    except BaseException:
+        model.close()
+        raise
     placeholder = _placeholder_report(path, settings)
-    return LoadedModel(model, ctx, vocab, placeholder, keepalive), joined(lines)
+    return LoadedModel(model, context, placeholder), model.load_log + context.creation_log
 
 
 def _placeholder_report(path: Path, settings: Settings) -> LoadReport:
@@ -357,8 +251,8 @@ def load_model(
     for rung, candidate, reason in ladder(settings, info):
         try:
             loaded, log_text = _load_once(path, candidate)
-        except _LoadFailure as failure:
-            steps.append(LadderStep(rung, candidate, False, failure.last_lines()))
+        except (ModelLoadError, ContextCreateError) as failure:
+            steps.append(LadderStep(rung, candidate, False, failure.reason))
             if not failure.for_memory:
                 raise _not_memory_error(path, failure) from None
             if not oom_ladder:
@@ -384,10 +278,7 @@ def _report(
     loaded: LoadedModel,
     log_text: str,
 ) -> LoadReport:
-    lib = llama()
-    recurrent = bool(lib.llama_model_is_recurrent(loaded.model)) or bool(
-        lib.llama_model_is_hybrid(loaded.model)
-    )
+    recurrent = loaded.model.keeps_recurrent_state
     note = (
         "prefix reuse disabled: llama.cpp cannot drop part of a recurrent state, "
         "so every request clears its slot and evaluates its whole prompt"
@@ -400,9 +291,9 @@ def _report(
         settings=used,
         steps=tuple(steps),
         buffers=parse_buffers(log_text),
-        n_ctx=int(lib.llama_n_ctx(loaded.ctx)),
-        n_ctx_per_slot=int(lib.llama_n_ctx_seq(loaded.ctx)),
-        n_slots=int(lib.llama_n_seq_max(loaded.ctx)),
+        n_ctx=loaded.context.n_ctx,
+        n_ctx_per_slot=loaded.context.n_ctx_per_seq,
+        n_slots=loaded.context.n_seq_max,
         prefix_reuse=not recurrent,
         prefix_reuse_note=note,
         load_s=0.0,
@@ -411,9 +302,10 @@ def _report(
     )
 
 
-def _not_memory_error(path: Path, failure: _LoadFailure) -> EngineError:
+def _not_memory_error(path: Path, failure: ModelLoadError | ContextCreateError) -> EngineError:
+    what = "load the model" if isinstance(failure, ModelLoadError) else "create the context"
     return EngineError(
-        f"{failure} from {path}: {failure.last_lines()}",
+        f"llama.cpp could not {what} from {path}: {failure.reason}",
         hint="Check that the file is a complete GGUF and that the K/V types and flash "
         "attention setting suit this model (quantized V needs flash attention and head "
         "sizes divisible by 32).",

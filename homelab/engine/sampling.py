@@ -14,91 +14,75 @@ a request asks for them.
 
 from __future__ import annotations
 
-import ctypes
 import math
 from collections.abc import Collection, Sequence
-from typing import Any
 
 import numpy as np
 
 from homelab.engine.api import SamplingParams
 from homelab.errors import EngineError
-from homelab.llamacpp import capture_log, joined, llama
-
-RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
+from homelab.llamacpp import sampler
+from homelab.llamacpp.context import Context
+from homelab.llamacpp.vocab import Vocab
 
 
 class SamplerChain:
-    """A llama.cpp sampler chain for one request (free it with :meth:`close`)."""
+    """The llama.cpp sampler chain of one request (free it with :meth:`close`)."""
 
     def __init__(
         self,
         params: SamplingParams,
-        vocab: Any,
+        vocab: Vocab,
         n_vocab: int,
         eog_tokens: Collection[int],
     ) -> None:
-        self._lib = llama()
         self.params = params
-        self.penalties: Any = None
-        lib = self._lib
-        self.chain: Any = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        self._chain = sampler.SamplerChain()
         try:
             self._build(params, vocab, n_vocab, eog_tokens)
         except BaseException:
             self.close()
             raise
 
-    def _add(self, sampler: Any) -> None:
-        self._lib.llama_sampler_chain_add(self.chain, sampler)
-
     def _build(
-        self, p: SamplingParams, vocab: Any, n_vocab: int, eog_tokens: Collection[int]
+        self, p: SamplingParams, vocab: Vocab, n_vocab: int, eog_tokens: Collection[int]
     ) -> None:
-        lib = self._lib
+        chain = self._chain
         biases = _biases(p, n_vocab, eog_tokens)
         if biases:
-            array = (lib.llama_logit_bias * len(biases))()
-            for entry, (token, bias) in zip(array, biases.items(), strict=True):
-                entry.token, entry.bias = token, bias
-            self._add(lib.llama_sampler_init_logit_bias(n_vocab, len(biases), array))
+            chain.add_logit_bias(n_vocab, biases)
         if _has_penalties(p):
-            self.penalties = lib.llama_sampler_init_penalties(
+            chain.add_penalties(
                 n_vocab, p.penalty_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
             )
-            self._add(self.penalties)
         if p.grammar:
-            self._add(_grammar_sampler(vocab, p.grammar))
+            from homelab.engine.grammar import check_grammar
+
+            check_grammar(p.grammar)
+            chain.add_grammar(vocab, p.grammar)
         if p.temperature <= 0:
-            self._add(lib.llama_sampler_init_greedy())
+            chain.add_greedy()
             return
         if p.top_k > 0:
-            self._add(lib.llama_sampler_init_top_k(p.top_k))
+            chain.add_top_k(p.top_k)
         if 0 < p.top_p < 1:
-            self._add(lib.llama_sampler_init_top_p(p.top_p, 1))
+            chain.add_top_p(p.top_p)
         if p.min_p > 0:
-            self._add(lib.llama_sampler_init_min_p(p.min_p, 1))
-        self._add(lib.llama_sampler_init_temp(p.temperature))
-        seed = RANDOM_SEED if p.seed is None else p.seed & 0xFFFFFFFF
-        self._add(lib.llama_sampler_init_dist(seed))
+            chain.add_min_p(p.min_p)
+        chain.add_temperature(p.temperature)
+        chain.add_random_pick(None if p.seed is None else p.seed & 0xFFFFFFFF)
 
     def accept_prompt(self, tokens: Sequence[int]) -> None:
         """Let the penalties see the end of the prompt, as llama.cpp's own tools do."""
-        if self.penalties is None:
-            return
-        accept = self._lib.llama_sampler_accept
-        for token in (
-            tokens[-self.params.penalty_last_n :] if self.params.penalty_last_n > 0 else ()
-        ):
-            accept(self.penalties, token)
+        last_n = self.params.penalty_last_n
+        if last_n > 0:
+            self._chain.remember(tokens[-last_n:])
 
-    def sample(self, ctx: Any, batch_index: int) -> int:
-        return int(self._lib.llama_sampler_sample(self.chain, ctx, batch_index))
+    def sample(self, context: Context, batch_index: int) -> int:
+        return self._chain.sample(context, batch_index)
 
     def close(self) -> None:
-        if self.chain is not None:
-            self._lib.llama_sampler_free(self.chain)  # frees every sampler in the chain
-            self.chain = None
+        self._chain.close()  # frees every sampler in the chain
 
 
 def _has_penalties(p: SamplingParams) -> bool:
@@ -123,28 +107,7 @@ def _biases(p: SamplingParams, n_vocab: int, eog_tokens: Collection[int]) -> dic
     return biases
 
 
-def _grammar_sampler(vocab: Any, grammar: str) -> Any:
-    from homelab.engine.grammar import check_grammar
-
-    check_grammar(grammar)
-    with capture_log() as lines:
-        sampler = llama().llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-    if not sampler:
-        detail = joined(lines).strip().splitlines()
-        raise EngineError(
-            "the grammar could not be parsed" + (f": {detail[-1]}" if detail else ""),
-            hint="Check the GBNF syntax; the start rule must be called 'root'.",
-        )
-    return sampler
-
-
 # --- log-probabilities -------------------------------------------------------------------
-
-
-def logits_row(ctx: Any, batch_index: int, n_vocab: int) -> np.ndarray:
-    """The logits of one batch row, as a numpy view (valid until the next decode)."""
-    pointer = llama().llama_get_logits_ith(ctx, batch_index)
-    return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), (n_vocab,))
 
 
 def top_logprobs(

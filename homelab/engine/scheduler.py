@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
 import logging
 import queue
 import threading
@@ -40,10 +39,12 @@ from homelab.engine.api import (
     TokenLogprob,
 )
 from homelab.engine.metrics import EngineMeter, RequestClock
-from homelab.engine.sampling import SamplerChain, logits_row, top_logprobs
+from homelab.engine.sampling import SamplerChain, top_logprobs
 from homelab.engine.slots import Slot, SlotTable
 from homelab.engine.text import StopMatcher, Utf8Decoder
-from homelab.llamacpp import llama
+from homelab.llamacpp.batch import Batch
+from homelab.llamacpp.context import Context
+from homelab.llamacpp.vocab import Vocab
 
 log = logging.getLogger("homelab.engine")
 
@@ -214,15 +215,14 @@ class Scheduler:
 
     def __init__(
         self,
-        ctx: Any,
-        vocab: Any,
+        context: Context,
+        vocab: Vocab,
         slots: SlotTable,
         meter: EngineMeter,
         config: SchedulerConfig,
         eog_tokens: frozenset[int],
     ) -> None:
-        self._lib = llama()
-        self._ctx = ctx
+        self._context = context
         self._vocab = vocab
         self._slots = slots
         self._meter = meter
@@ -237,14 +237,7 @@ class Scheduler:
         self._closing = False
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._pieces: dict[int, bytes] = {}
-        self._piece_buffer = ctypes.create_string_buffer(256)
-        self._batch = self._lib.llama_batch_init(config.n_batch, 0, 1)
-        self._tok = self._batch.token
-        self._pos = self._batch.pos
-        self._logits = self._batch.logits
-        self._seq_rows = [self._batch.seq_id[i] for i in range(config.n_batch)]
-        for i in range(config.n_batch):
-            self._batch.n_seq_id[i] = 1
+        self._batch = Batch(config.n_batch)
         self._thread = threading.Thread(target=self._run, name="homelab-engine", daemon=True)
 
     def start(self) -> None:
@@ -300,9 +293,8 @@ class Scheduler:
             self._cv.notify()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
-        if not self._thread.is_alive() and self._batch is not None:
-            self._lib.llama_batch_free(self._batch)
-            self._batch = None
+        if not self._thread.is_alive():
+            self._batch.close()  # idempotent
 
     @property
     def thread_alive(self) -> bool:
@@ -412,27 +404,18 @@ class Scheduler:
             budget -= take
         return parts
 
-    def _fill(self, parts: list[_Part]) -> None:
-        tok, pos, logits, rows = self._tok, self._pos, self._logits, self._seq_rows
-        n = 0
+    def _fill(self, parts: list[_Part]) -> Batch:
+        batch = self._batch
+        batch.clear()
         for part in parts:
             seq = part.job.slot.seq_id  # type: ignore[union-attr]
-            position = part.start_pos
-            for token in part.tokens:
-                tok[n] = token
-                pos[n] = position
-                rows[n][0] = seq
-                logits[n] = 0
-                n += 1
-                position += 1
+            row = batch.add_run(part.tokens, part.start_pos, seq, output_last=part.sample)
             if part.sample:
-                logits[n - 1] = 1
-                part.job.batch_index = n - 1
-        self._batch.n_tokens = n
+                part.job.batch_index = row
+        return batch
 
     def _decode(self, parts: list[_Part]) -> None:
-        self._fill(parts)
-        status = self._lib.llama_decode(self._ctx, self._batch)
+        status = self._context.decode(self._fill(parts))
         if status != 0:
             self._recover(parts, status)
             return
@@ -467,8 +450,7 @@ class Scheduler:
                 self._fail(parts[0].job, f"llama.cpp failed to decode (status {status})")
             return
         for part in survivors:
-            self._fill([part])
-            alone = self._lib.llama_decode(self._ctx, self._batch)
+            alone = self._context.decode(self._fill([part]))
             if alone != 0:
                 self._slots.rollback(part.job.slot, part.job.n_past)  # type: ignore[arg-type]
                 self._fail(part.job, f"llama.cpp failed to decode (status {alone})")
@@ -485,7 +467,7 @@ class Scheduler:
             self._fail(job, f"sampling failed: {exc}")
 
     def _sample(self, job: Job) -> None:
-        token = job.chain.sample(self._ctx, job.batch_index)
+        token = job.chain.sample(self._context, job.batch_index)
         clock = job.clock
         if not clock.first_token:
             clock.first_token = time.perf_counter()
@@ -526,13 +508,13 @@ class Scheduler:
         """A token's bytes as output text (control tokens are empty), cached."""
         cached = self._pieces.get(token)
         if cached is None:
-            cached = token_bytes(self._vocab, token, special=False, buffer=self._piece_buffer)
+            cached = self._vocab.token_bytes(token, special=False)
             self._pieces[token] = cached
         return cached
 
     def _logprob(self, job: Job, token: int) -> TokenLogprob:
         n_top = job.request.sampling.logprobs or 0
-        row = logits_row(self._ctx, job.batch_index, self.config.n_vocab)
+        row = self._context.logits_row(job.batch_index)
         chosen, top = top_logprobs(row, token, n_top)
         text = self._display(token)
         return TokenLogprob(text, chosen, tuple((self._display(t), lp) for t, lp in top))
@@ -561,14 +543,3 @@ class Scheduler:
         self._meter.record_finish(reason)
         job.handle.finished = True
         job.handle.push(FinishEvent(reason, clock.stats(), error))
-
-
-def token_bytes(vocab: Any, token: int, *, special: bool, buffer: Any = None) -> bytes:
-    """The bytes llama.cpp renders for one token."""
-    lib = llama()
-    buffer = buffer if buffer is not None else ctypes.create_string_buffer(256)
-    size = lib.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
-    if size < 0:
-        buffer = ctypes.create_string_buffer(-size)
-        size = lib.llama_token_to_piece(vocab, token, buffer, len(buffer), 0, special)
-    return bytes(buffer.raw[:size])

@@ -18,30 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from homelab.llamacpp import llama
-
-
-class KvMemory:
-    """The few llama.cpp memory operations the slots need, on one context."""
-
-    def __init__(self, ctx: Any) -> None:
-        self._lib = llama()
-        self._mem = self._lib.llama_get_memory(ctx)
-
-    def clear(self, seq_id: int) -> None:
-        self._lib.llama_memory_seq_rm(self._mem, seq_id, -1, -1)
-
-    def truncate(self, seq_id: int, n_keep: int) -> bool:
-        """Drop positions >= n_keep; False when the memory cannot do that (recurrent)."""
-        return bool(self._lib.llama_memory_seq_rm(self._mem, seq_id, n_keep, -1))
-
-    def pos_min(self, seq_id: int) -> int:
-        return int(self._lib.llama_memory_seq_pos_min(self._mem, seq_id))
-
-    def pos_max(self, seq_id: int) -> int:
-        return int(self._lib.llama_memory_seq_pos_max(self._mem, seq_id))
+from homelab.llamacpp.memory import SequenceMemory
 
 
 @dataclass
@@ -82,7 +60,9 @@ def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
 class SlotTable:
     """Chooses, clears and releases slots; owns the prefix-cache policy."""
 
-    def __init__(self, n_slots: int, memory: KvMemory, *, prefix_reuse: bool, n_swa: int) -> None:
+    def __init__(
+        self, n_slots: int, memory: SequenceMemory, *, prefix_reuse: bool, n_swa: int
+    ) -> None:
         self.slots = [Slot(seq_id) for seq_id in range(n_slots)]
         self._memory = memory
         self.prefix_reuse = prefix_reuse
@@ -105,8 +85,8 @@ class SlotTable:
                 slot.tenant,
                 slot.busy,
                 len(slot.tokens),
-                memory.pos_min(slot.seq_id),
-                memory.pos_max(slot.seq_id),
+                memory.first_position(slot.seq_id),
+                memory.last_position(slot.seq_id),
             )
             for slot in self.slots
         )
@@ -154,7 +134,7 @@ class SlotTable:
         if slot.tenant != tenant or n_reusable == 0 or not self.prefix_reuse:
             self.clear(slot)
             return 0
-        if not self._memory.truncate(slot.seq_id, n_reusable) or not self._window_intact(
+        if not self._memory.drop_from(slot.seq_id, n_reusable) or not self._window_intact(
             slot, n_reusable
         ):
             self.clear(slot)
@@ -166,18 +146,18 @@ class SlotTable:
         """With a trimmed sliding-window cache the positions the next token needs may be gone."""
         if self._n_swa <= 0:
             return True
-        return self._memory.pos_min(slot.seq_id) <= max(0, n_keep - self._n_swa)
+        return self._memory.first_position(slot.seq_id) <= max(0, n_keep - self._n_swa)
 
     def rollback(self, slot: Slot, n_past: int) -> bool:
         """Forget positions >= n_past after a failed decode; False (slot cleared) if impossible."""
-        if self._memory.truncate(slot.seq_id, n_past):
+        if self._memory.drop_from(slot.seq_id, n_past):
             del slot.tokens[n_past:]
             return True
         self.clear(slot)
         return False
 
     def clear(self, slot: Slot) -> None:
-        self._memory.clear(slot.seq_id)
+        self._memory.clear_sequence(slot.seq_id)
         slot.tokens.clear()
 
     def release(self, slot: Slot) -> None:

@@ -5,13 +5,23 @@ lists its tensors by llama.cpp's names and shapes. Models are written in F16 wit
 ``gguf`` package, then quantized with llama.cpp's own quantizer for the other variants, into
 a cache directory (never committed). The output head is given a larger scale than the rest
 so greedy decoding has clear margins between the top tokens.
+
+Names: ``demo[:ARCH][:SIZE][:QUANT]`` with ARCH one of :data:`ARCHS` (causal models that
+chat) or of :data:`EXTRAS`, the special-purpose models built by :mod:`homelab.gguf.demo_extra`:
+
+- ``demo:bert`` — an embedding model (arch ``bert``, WordPiece vocabulary, mean pooling);
+- ``demo:reasoning`` — a qwen3 model whose chat template opens ``<think>`` (Qwen3-style
+  ``enable_thinking`` switch) and whose vocabulary has ``<think>``/``</think>`` as tokens;
+- ``demo:spec`` / ``demo:spec-draft`` — a speculative-decoding target (12 layers) and its
+  draft (the target's first 2 layers, same vocabulary and head), which agree on most greedy
+  tokens. They default to the bench width; ``demo:spec:tiny`` is the fast pair for tests.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +36,9 @@ ARCHS = ("llama", "qwen3", "gemma3", "moe", "deepseek2", "mamba")
 SIZES = ("tiny", "bench")
 QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 GENERATOR_VERSION = 2  # bump when generated files change, so caches regenerate
+# Special-purpose models, named like an ARCH (demo:bert, demo:spec:tiny); see demo_extra.
+EXTRAS = ("bert", "reasoning", "spec", "spec-draft")
+EXTRA_DEFAULT_SIZES = {"spec": "bench", "spec-draft": "bench"}  # sized to measure speed-ups
 
 
 @dataclass(frozen=True)
@@ -246,8 +259,13 @@ def _write_mla_hparams(writer: gguf.GGUFWriter, s: ArchSpec) -> None:
     writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
 
 
-def _write_tokenizer(writer: gguf.GGUFWriter, n_vocab: int) -> None:
-    vocabulary = v.build_vocabulary(n_vocab)
+def _write_tokenizer(
+    writer: gguf.GGUFWriter,
+    n_vocab: int,
+    vocabulary: v.Vocabulary | None = None,
+    chat_template: str = v.CHAT_TEMPLATE,
+) -> None:
+    vocabulary = vocabulary or v.build_vocabulary(n_vocab)
     writer.add_tokenizer_model("llama")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(list(vocabulary.tokens))
@@ -260,7 +278,7 @@ def _write_tokenizer(writer: gguf.GGUFWriter, n_vocab: int) -> None:
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
     writer.add_add_space_prefix(False)
-    writer.add_chat_template(v.CHAT_TEMPLATE)
+    writer.add_chat_template(chat_template)
 
 
 def write_f16_model(
@@ -281,13 +299,32 @@ def write_spec_model(
     path: Path, spec: ArchSpec, name: str, seed: int = 0, *, split_max_tensors: int = 0
 ) -> Path:
     """Write an F16 random-weights model of any ``spec`` (e.g. a larger one for GPU checks)."""
+
+    def metadata(writer: gguf.GGUFWriter) -> None:
+        _write_hparams(writer, spec, name)
+        _write_tokenizer(writer, spec.n_vocab)
+
+    return write_gguf(
+        path, spec.arch, metadata, _tensors(spec, seed), split_max_tensors=split_max_tensors
+    )
+
+
+def write_gguf(
+    path: Path,
+    arch: str,
+    metadata: Callable[[gguf.GGUFWriter], None],
+    tensors: Iterable[Tensor],
+    *,
+    split_max_tensors: int = 0,
+) -> Path:
+    """Write a GGUF of ``arch`` with the keys ``metadata`` adds and ``tensors``, atomically:
+    it is built in a staging folder next to ``path`` and moved in place when complete."""
     ensure_dir(path.parent)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".partial-") as staging_dir:
         staging = Path(staging_dir) / path.name
-        writer = gguf.GGUFWriter(staging, spec.arch, split_max_tensors=split_max_tensors)
-        _write_hparams(writer, spec, name)
-        _write_tokenizer(writer, spec.n_vocab)
-        for tensor_name, data in _tensors(spec, seed):
+        writer = gguf.GGUFWriter(staging, arch, split_max_tensors=split_max_tensors)
+        metadata(writer)
+        for tensor_name, data in tensors:
             writer.add_tensor(tensor_name, data)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -302,18 +339,38 @@ def write_spec_model(
 def demo_model_path(
     arch: str = "llama", size: str = "tiny", quant: str = "F16", directory: Path | None = None
 ) -> Path:
-    """Path of the demo model, generating (and quantizing) it on first use."""
-    quant = quant.upper()
-    if quant not in QUANTS:
+    """Path of the demo model, generating (and quantizing) it on first use.
+
+    ``arch`` is one of :data:`ARCHS` or of the special-purpose :data:`EXTRAS`.
+    """
+    quant = _checked_quant(quant)
+    folder = directory or demo_models_dir()
+    if arch in EXTRAS:
+        from homelab.gguf import demo_extra
+
+        stem, write = demo_extra.recipe(arch, size)
+    else:
+        spec_for(arch, size)  # validates arch and size
+        stem = f"homelab-demo-{arch}-{size}-v{GENERATOR_VERSION}"
+
+        def write(path: Path) -> Path:
+            return write_f16_model(path, arch, size)
+
+    return _cached(folder, stem, quant, write)
+
+
+def _checked_quant(quant: str) -> str:
+    if quant.upper() not in QUANTS:
         raise HomelabError(
             f"unknown demo quant {quant!r}", hint=f"Choose one of {', '.join(QUANTS)}."
         )
-    spec_for(arch, size)  # validates arch and size
-    folder = directory or demo_models_dir()
-    stem = f"homelab-demo-{arch}-{size}-v{GENERATOR_VERSION}"
+    return quant.upper()
+
+
+def _cached(folder: Path, stem: str, quant: str, write_f16: Callable[[Path], Path]) -> Path:
     f16_path = folder / f"{stem}-F16.gguf"
     if not f16_path.exists():
-        write_f16_model(f16_path, arch, size)
+        write_f16(f16_path)
     if quant == "F16":
         return f16_path
     target = folder / f"{stem}-{quant}.gguf"
@@ -329,19 +386,31 @@ def is_demo_ref(spec: str) -> bool:
     return spec.lower() == "demo" or spec.lower().startswith("demo:")
 
 
-def demo_ref_path(spec: str) -> Path:
-    """The generated model a ``demo[:ARCH][:SIZE][:QUANT]`` name stands for.
+def parse_demo_ref(spec: str) -> tuple[str, str, str]:
+    """(arch, size, quant) of a ``demo[:ARCH][:SIZE][:QUANT]`` name, checked; nothing is
+    generated.
 
     ``demo`` is the tiny llama; ``demo:bench``, ``demo:bench:Q8_0``, ``demo:moe``,
-    ``demo:gemma3:tiny:Q4_0`` pick the others. Generated on first use.
+    ``demo:gemma3:tiny:Q4_0`` pick the others. ARCH may also be one of :data:`EXTRAS`
+    (``demo:bert``, ``demo:reasoning``, ``demo:spec``, ``demo:spec-draft:tiny``...).
     """
     parts = [p for p in spec.split(":")[1:] if p]
-    arch = parts.pop(0).lower() if parts and parts[0].lower() in ARCHS else "llama"
-    size = parts.pop(0).lower() if parts and parts[0].lower() in SIZES else "tiny"
+    arch = parts.pop(0).lower() if parts and parts[0].lower() in ARCHS + EXTRAS else "llama"
+    default_size = EXTRA_DEFAULT_SIZES.get(arch, "tiny")
+    size = parts.pop(0).lower() if parts and parts[0].lower() in SIZES else default_size
     quant = parts.pop(0).upper() if parts else "F16"
     if parts:
         raise HomelabError(
             f"cannot read the demo model name {spec!r}",
             hint="Use demo[:ARCH][:SIZE][:QUANT], e.g. demo:llama:bench:Q8_0.",
         )
-    return demo_model_path(arch, size, quant)
+    _checked_quant(quant)
+    if arch not in EXTRAS:
+        spec_for(arch, size)  # validates arch and size
+    return arch, size, quant
+
+
+def demo_ref_path(spec: str) -> Path:
+    """The generated model a ``demo[:ARCH][:SIZE][:QUANT]`` name stands for (generated on
+    first use)."""
+    return demo_model_path(*parse_demo_ref(spec))

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -22,32 +20,13 @@ from pathlib import Path
 
 from homelab.errors import ModelFileError
 from homelab.gguf.reader import split_parts
+from homelab.llamacpp import quantize as llama_quantize
+from homelab.llamacpp.quantize import FILE_TYPES
 
-# quant label -> llama_ftype value (llama.h LLAMA_FTYPE_MOSTLY_*)
-FTYPES = {
-    "F16": 1,
-    "Q4_0": 2,
-    "Q8_0": 7,
-    "Q5_K_M": 17,
-    "Q6_K": 18,
-    "Q4_K_M": 15,
-    "Q4_K_S": 14,
-    "Q5_K_S": 16,
-    "Q3_K_M": 12,
-    "IQ4_XS": 30,
-    "IQ4_NL": 25,
-    "BF16": 32,
-    "Q5_0": 8,
-    "Q3_K_L": 13,
-    "Q3_K_S": 11,
-    "Q2_K": 10,
-}
+FTYPES = FILE_TYPES  # the quant labels llama.cpp's quantizer writes (label -> llama_ftype)
 ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q3_K": "Q3_K_M"}
 PROVENANCE_SUFFIX = ".homelab.json"
 DISK_MARGIN_BYTES = 64 << 20  # the dry run's size is rounded; keep some room besides
-_TENSOR_LINE = re.compile(r"^\[\s*(\d+)/\s*(\d+)\]")
-_QUANT_SIZE = re.compile(r"quant size\s*=\s*([\d.]+) MiB")
-_PROGRESS_POLL_S = 0.2
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors total)
 
@@ -79,38 +58,9 @@ def canonical_quant(quant: str, source: Path | None = None) -> str:
     return label
 
 
-def _params(
-    quant: str, n_threads: int | None, *, dry_run: bool = False, allow_requantize: bool = True
-) -> object:
-    from homelab.llamacpp import llama
-
-    params = llama().llama_model_quantize_default_params()
-    params.ftype = FTYPES[quant]
-    params.nthread = n_threads or os.cpu_count() or 1
-    params.allow_requantize = allow_requantize  # Q8_0 -> Q4_K_M is a legitimate request
-    params.dry_run = dry_run
-    return params
-
-
 def quantized_size_bytes(source: Path, quant: str) -> int:
     """The output size llama.cpp will write, from its dry run (milliseconds, writes nothing)."""
-    from homelab.llamacpp import capture_log, joined, llama
-
-    quant = canonical_quant(quant, source)
-    with tempfile.TemporaryDirectory() as scratch, capture_log() as lines:
-        status = llama().llama_model_quantize(
-            str(source).encode(),
-            str(Path(scratch) / "dry-run.gguf").encode(),
-            _params(quant, 1, dry_run=True),
-        )
-    match = _QUANT_SIZE.search(joined(lines))
-    if status != 0 or match is None:
-        raise ModelFileError(
-            source,
-            f"llama.cpp cannot quantize it to {quant} (status {status})",
-            hint=_last_error(lines),
-        )
-    return int(float(match[1]) * (1 << 20))
+    return llama_quantize.quantized_size_bytes(source, canonical_quant(quant, source))
 
 
 def require_free_disk(folder: Path, needed_bytes: int, what: str) -> None:
@@ -124,52 +74,6 @@ def require_free_disk(folder: Path, needed_bytes: int, what: str) -> None:
         )
 
 
-def _last_error(lines: list[str]) -> str:
-    errors = [line.strip() for line in lines if "error" in line.lower() or "failed" in line.lower()]
-    return errors[-1] if errors else "See the log for details."
-
-
-class _TensorProgress:
-    """Reports llama.cpp's ``[  i/  n] tensor`` log lines to ``progress`` from a side thread.
-
-    ``llama_model_quantize`` blocks in C (without the GIL); its log lines arrive on the
-    calling thread through homelab's log capture, and this thread forwards the count.
-    """
-
-    def __init__(self, lines: list[str], progress: Progress) -> None:
-        self._lines = lines
-        self._progress = progress
-        self._stop = threading.Event()
-        self._seen = 0
-        self._thread = threading.Thread(target=self._run, name="quantize-progress", daemon=True)
-
-    def __enter__(self) -> _TensorProgress:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._report()
-
-    def _run(self) -> None:
-        while not self._stop.wait(_PROGRESS_POLL_S):
-            self._report()
-
-    def _report(self) -> None:
-        end = len(self._lines)
-        new_lines, self._seen = self._lines[self._seen : end], end
-        for line in reversed(new_lines):
-            match = _TENSOR_LINE.match(line)
-            if match:
-                self._progress(int(match[1]), int(match[2]))
-                return
-
-
-def _no_progress(done: int, total: int) -> None:
-    pass
-
-
 def quantize_file(
     source: Path,
     target: Path,
@@ -179,9 +83,6 @@ def quantize_file(
     progress: Progress | None = None,
 ) -> Path:
     """Write ``source`` quantized to ``quant`` at ``target`` (atomic; never touches source)."""
-    from homelab.llamacpp import capture_log, llama
-
-    llama_cpp = llama()
     quant = canonical_quant(quant, source)
     if target.resolve() == source.resolve():
         raise ModelFileError(
@@ -190,18 +91,9 @@ def quantize_file(
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".partial", delete=False) as tmp:
         tmp_path = Path(tmp.name)
     try:
-        # llama.cpp logs every tensor: the lines are captured (the terminal stays clean) and
-        # counted for the progress callback
-        with capture_log() as lines, _TensorProgress(lines, progress or _no_progress):
-            status = llama_cpp.llama_model_quantize(
-                str(source).encode(), str(tmp_path).encode(), _params(quant, n_threads)
-            )
-        if status != 0:
-            raise ModelFileError(
-                source,
-                f"llama.cpp failed to quantize it to {quant} (status {status})",
-                hint=_last_error(lines),
-            )
+        llama_quantize.quantize_gguf(
+            source, tmp_path, quant, n_threads=n_threads, progress=progress
+        )
         os.replace(tmp_path, target)
     finally:
         tmp_path.unlink(missing_ok=True)

@@ -59,32 +59,61 @@ def _pieces(target_size: int) -> list[str]:
     return unique[:target_size]
 
 
-def build_vocabulary(n_vocab: int) -> Vocabulary:
-    """A vocabulary of exactly ``n_vocab`` tokens (at least 512)."""
+def build_vocabulary(n_vocab: int, added: tuple[str, ...] = ()) -> Vocabulary:
+    """A vocabulary of exactly ``n_vocab`` tokens (at least 512).
+
+    ``added`` tokens (e.g. ``<think>``) take the last ids as user-defined tokens, which
+    llama.cpp matches as one token in plain text; every other id is what it is without them.
+    """
     if n_vocab < 512:
         raise ValueError("a round-tripping vocabulary needs at least 512 tokens")
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    pieces = _pieces(n_vocab - len(SPECIALS) - len(byte_tokens))
-    filler = [f"<unused{i}>" for i in range(n_vocab - len(SPECIALS) - 256 - len(pieces))]
-    tokens = (*SPECIALS, *byte_tokens, *pieces, *filler)
+    n_pieces = n_vocab - len(SPECIALS) - len(byte_tokens) - len(added)
+    pieces = _pieces(n_pieces)
+    filler = [f"<unused{i}>" for i in range(n_pieces - len(pieces))]
+    tokens = (*SPECIALS, *byte_tokens, *pieces, *filler, *added)
     # longer pieces score higher so SPM prefers whole words
     scores = (
         (0.0,) * (len(SPECIALS) + 256)
         + tuple(float(len(p)) for p in pieces)
         + (-1e9,) * len(filler)
+        + (0.0,) * len(added)
     )
     types = (
         (UNKNOWN,)
         + (CONTROL,) * (len(SPECIALS) - 1)
         + (BYTE,) * 256
         + (NORMAL,) * len(pieces)
-        + (USER_DEFINED,) * len(filler)
+        + (USER_DEFINED,) * (len(filler) + len(added))
     )
     return Vocabulary(tokens, scores, types)
 
 
+# WordPiece (llama.cpp's "bert" tokenizer): BERT's specials, then word-initial pieces written
+# with SPACE (as convert_hf_to_gguf turns "word") and continuations bare (as it turns "##ord").
+WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD_ID, WP_UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
+
+
+def build_wordpiece_vocabulary(n_vocab: int) -> Vocabulary:
+    """An uncased WordPiece vocabulary of exactly ``n_vocab`` tokens (at least 512)."""
+    if n_vocab < 512:
+        raise ValueError("a WordPiece vocabulary needs at least 512 tokens")
+    n_pieces = n_vocab - len(WORDPIECE_SPECIALS)
+    lowercase = [p for p in _pieces(2 * n_vocab) if p == p.lower()]  # llama.cpp lowercases
+    pieces = lowercase[:n_pieces]
+    filler = [f"[unused{i}]" for i in range(n_pieces - len(pieces))]
+    tokens = (*WORDPIECE_SPECIALS, *pieces, *filler)
+    types = (
+        (CONTROL, UNKNOWN, CONTROL, CONTROL, CONTROL)
+        + (NORMAL,) * len(pieces)
+        + (USER_DEFINED,) * len(filler)
+    )
+    return Vocabulary(tokens, (0.0,) * n_vocab, types)
+
+
 # ChatML with Hermes-style tool calls; rendered by llama.cpp users and by homelab in a sandbox.
-CHAT_TEMPLATE = (
+_SYSTEM_AND_TOOL_TURNS = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
     "# Tools\nYou may call functions. Their signatures are inside <tools></tools>:\n<tools>"
@@ -103,8 +132,27 @@ CHAT_TEMPLATE = (
     '{% for call in message.tool_calls %}<tool_call>\n{"name": "{{ call.function.name }}", '
     '"arguments": {{ call.function.arguments if call.function.arguments is string '
     "else call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+)
+_OTHER_TURNS = (
     "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
     "{% endif %}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_GENERATION_PROMPT = "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+CHAT_TEMPLATE = _SYSTEM_AND_TOOL_TURNS + _OTHER_TURNS + _GENERATION_PROMPT
+
+# Reasoning (Qwen3's conventions): the reply opens a <think> block, or an empty one when the
+# caller passes enable_thinking=false; earlier answers go back without their reasoning.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_ANSWER_ONLY_TURNS = (
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{{ (message.content or '').split('</think>')[-1].lstrip('\\n') }}<|im_end|>\n"
+)
+_THINKING_PROMPT = (
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+REASONING_CHAT_TEMPLATE = (
+    _SYSTEM_AND_TOOL_TURNS + _ANSWER_ONLY_TURNS + _OTHER_TURNS + _THINKING_PROMPT
 )

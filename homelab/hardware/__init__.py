@@ -5,7 +5,6 @@ gpu.py       GpuInfo / GpuSnapshot / GpuProcess; gpu_snapshot() for ~1 Hz pollin
 host.py      CpuInfo, MemoryInfo (psutil, /proc/cpuinfo, cgroup limit)
 build.py     BuildInfo: the llama.cpp build (imported lazily)
 report.py    HardwareReport and detect(nvml_module=None)
-render.py    plain-text rendering for `homelab hw`
+render.py    plain-text rendering for `homelab hw` (the verb is homelab.cli.hw)
 profiles.py  GpuProfile from profiles/gpus.toml (`--gpu rtx-4090`)
-cli.py       the `homelab hw` verb
 """

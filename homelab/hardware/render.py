@@ -1,13 +1,18 @@
-"""Plain-text rendering of a :class:`HardwareReport` for ``homelab hw``."""
+"""Plain-text rendering of a :class:`HardwareReport` and the GPU profiles for ``homelab hw``."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from homelab.hardware.build import BuildInfo
 from homelab.hardware.gpu import GpuInfo, GpuProcess
 from homelab.hardware.host import CpuInfo, MemoryInfo
 from homelab.hardware.report import HardwareReport
+
+if TYPE_CHECKING:
+    from homelab.hardware.profiles import GpuProfile
 
 GIB = 1 << 30
 NOT_AVAILABLE = "N/A"
@@ -125,3 +130,12 @@ def build_lines(build: BuildInfo) -> list[str]:
     backends = ", ".join(build.backends) or NOT_AVAILABLE
     summary = f"{shown(build.version)} · GPU offload: {offload} · backends: {backends}"
     return [row("llama.cpp", summary), row("", shown(build.system_info))]
+
+
+def format_profiles(profiles: Mapping[str, GpuProfile]) -> str:
+    """One line per GPU profile the planner knows (``homelab hw --profiles``)."""
+    return "\n".join(
+        f"{p.id:<18} {p.name:<26} {p.vram_bytes / GIB:>6.0f} GiB "
+        f"{p.bandwidth_gb_s:>7.0f} GB/s  cc {p.compute_capability:<5}{p.fp16_tflops:>7.1f} TFLOPS"
+        for p in profiles.values()
+    )

@@ -8,5 +8,6 @@
 - :mod:`~homelab.hub.pull` — verified, resumable downloads into the Hugging Face cache;
 - :mod:`~homelab.hub.library` — local models (library folders + HF cache), shared with the TUI;
 - :mod:`~homelab.hub.local_quantize` — ``homelab quantize`` with provenance;
-- :mod:`~homelab.hub.resolve` — ``REPO[:QUANT]`` for the planner.
+- :mod:`~homelab.hub.resolve` — ``REPO[:QUANT]``'s variants to plan over, the quant to pull;
+- :mod:`~homelab.hub.search`, :mod:`~homelab.hub.render` — what the verbs ask, and its views.
 """

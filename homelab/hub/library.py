@@ -147,7 +147,8 @@ def find_local(name: str, models: Sequence[LocalModel] | None = None) -> LocalMo
     """A local model by path, ``REPO[:QUANT]`` (from the HF cache) or file name/stem."""
     path = Path(name).expanduser()
     if path.is_file():
-        return describe(path, str(path.parent))
+        repo_id = hf_cache_repo(path)
+        return describe(path, f"hf · {repo_id}" if repo_id else str(path.parent), repo_id)
     candidates = list(models) if models is not None else list_local_models()
     ref = parse_model_ref(name)
     if ref is not None:
@@ -159,6 +160,18 @@ def find_local(name: str, models: Sequence[LocalModel] | None = None) -> LocalMo
     lowered = name.lower().removesuffix(".gguf")
     matches = [m for m in candidates if lowered in (m.name.lower(), m.path.stem.lower())]
     return matches[0] if len(matches) == 1 else None
+
+
+def hf_cache_repo(path: Path) -> str | None:
+    """The repo a file of the Hugging Face cache belongs to (None: not in the cache)."""
+    try:
+        relative = path.absolute().relative_to(hf_cache_dir().absolute())
+    except ValueError:
+        return None
+    top = relative.parts[0] if relative.parts else ""
+    if not top.startswith("models--"):
+        return None
+    return top.removeprefix("models--").replace("--", "/", 1)
 
 
 def require_local(name: str) -> LocalModel:

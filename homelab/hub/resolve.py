@@ -1,13 +1,15 @@
 """``REPO[:QUANT]`` as a model: the downloaded copy when there is one, else remote headers.
 
-The planner's ``resolve_model`` calls :func:`hub_variants` for names shaped like a repo, so
+A hub ref of :mod:`homelab.models.ref` plans over :func:`hub_variants`, so
 ``homelab plan org/name`` plans every quant of a repo before anything is downloaded, and
-``homelab plan org/name:Q4_K_M`` plans one.
+``homelab plan org/name:Q4_K_M`` plans one. :func:`best_quant` is what ``homelab pull REPO``
+downloads when no quant is given.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from homelab.errors import HomelabError, HubError
 from homelab.gguf.model import ModelInfo
@@ -24,6 +26,9 @@ from homelab.hub.pull import cached_entries, choose_entry, find_cached
 from homelab.hub.quants import GgufEntry, ModelRef, parse_model_ref
 from homelab.hub.remote import remote_model, remote_models
 from homelab.hub.settings import HubSettings, hub_settings
+
+if TYPE_CHECKING:
+    from homelab.planner.budget import Hardware
 
 
 def looks_like_repo(name: str) -> bool:
@@ -119,3 +124,19 @@ def _downloaded(settings: HubSettings, listing: RepoListing, entry: GgufEntry) -
         for f in entry.files
     ]
     return paths[0] if all(p.is_file() for p in paths) else None
+
+
+def best_quant(ref: ModelRef, hardware: Hardware) -> tuple[ModelRef, GgufEntry | None]:
+    """``ref`` with the quant the planner picks for ``hardware`` (headers read remotely) and
+    that entry; ``ref`` itself when there is nothing to choose (a quant given, offline, a
+    repo with one file)."""
+    settings = hub_settings()
+    if ref.selector is not None or settings.offline:
+        return ref, None  # offline, pull() uses what is cached, or says why it cannot
+    listing = repo_listing(settings, ref.repo_id)
+    if len(listing.entries) <= 1:
+        return ref, None
+    from homelab.hub.matrix import best_entry
+
+    entry = best_entry(settings, listing, hardware)
+    return ModelRef(ref.repo_id, entry.label), entry

@@ -26,7 +26,7 @@ MIB = 1 << 20
 GIB = 1 << 30
 CTX_PAD = 256  # llama.cpp pads n_ctx, n_ctx_seq and the SWA cache to this
 
-# ggml cache types: (elements per block, bytes per block) and the ggml type id.
+# ggml cache types: (elements per block, bytes per block); their ids live in homelab.llamacpp.
 CACHE_TYPE_BLOCKS: dict[str, tuple[int, int]] = {
     "f32": (1, 4),
     "f16": (1, 2),
@@ -38,10 +38,6 @@ CACHE_TYPE_BLOCKS: dict[str, tuple[int, int]] = {
     "q4_0": (32, 18),
     "iq4_nl": (32, 18),
 }
-GGML_TYPE_IDS: dict[str, int] = {
-    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-    "iq4_nl": 20, "bf16": 30,
-}  # fmt: skip
 QUANTIZED_CACHE_TYPES = frozenset({"q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"})
 
 

@@ -19,7 +19,6 @@ its log callback is process-wide.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import subprocess
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from homelab.errors import EngineError
-from homelab.planner.cache import GGML_TYPE_IDS
 from homelab.settings import Settings
 
 MIB = 1 << 20
@@ -135,98 +133,30 @@ def run_in_process(path: str, settings: Settings) -> DryRunResult:
     """Open ``path`` without allocating and create a context; parse what llama.cpp logged."""
     import time
 
-    from homelab.llamacpp import capture_log, joined, llama
+    from homelab.llamacpp.backend import supports_gpu_offload
+    from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
+    from homelab.llamacpp.log import last_line
+    from homelab.llamacpp.model import Model, ModelLoadError, ModelParams
 
-    lib = llama()
     started = time.perf_counter()
-    with capture_log() as lines:
-        model = lib.llama_model_load_from_file(path.encode(), _model_params(lib, settings))
-        if not model:
-            return DryRunResult(
-                ok=False, error=f"llama.cpp could not open {path}: {_last_error(lines)}"
-            )
+    try:
+        model = Model.load(path, ModelParams.from_settings(settings, allocate=False))
+    except ModelLoadError as error:
+        return DryRunResult(
+            ok=False, error=f"llama.cpp could not open {path}: {last_line(error.log_text)}"
+        )
+    with model:
         try:
-            context = lib.llama_init_from_model(model, context_params(lib, settings))
-            if not context:
-                return DryRunResult(
-                    ok=False, error=f"context creation failed: {_last_error(lines)}"
-                )
-            lib.llama_free(context)
-        finally:
-            lib.llama_model_free(model)
-    result = parse_log(joined(lines))
+            context = Context.create(model, ContextParams.from_settings(settings))
+        except ContextCreateError as error:
+            return DryRunResult(
+                ok=False, error=f"context creation failed: {last_line(error.log_text)}"
+            )
+        context.close()
+    result = parse_log(model.load_log + context.creation_log)
     return replace(
-        result,
-        seconds=time.perf_counter() - started,
-        gpu_offload=bool(lib.llama_supports_gpu_offload()),
+        result, seconds=time.perf_counter() - started, gpu_offload=supports_gpu_offload()
     )
-
-
-_keepalive: list[object] = []  # ctypes buffers the model params point to
-
-
-def _model_params(lib: Any, settings: Settings) -> Any:
-    params = lib.llama_model_default_params()
-    params.no_alloc = True
-    params.load_mode = lib.LLAMA_LOAD_MODE_NONE
-    params.n_gpu_layers = settings.n_gpu_layers
-    if settings.n_cpu_moe > 0:
-        params.tensor_buft_overrides = cpu_moe_overrides(settings.n_cpu_moe)
-    return params
-
-
-def context_params(lib: Any, settings: Settings) -> Any:
-    """llama.cpp context parameters for ``settings`` (also used by the real-load tests)."""
-    params = lib.llama_context_default_params()
-    params.n_ctx = settings.n_ctx
-    params.n_batch = settings.n_batch
-    params.n_ubatch = settings.n_ubatch
-    params.n_seq_max = settings.n_parallel
-    params.type_k = GGML_TYPE_IDS[settings.type_k]
-    params.type_v = GGML_TYPE_IDS[settings.type_v]
-    params.flash_attn_type = (
-        lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if settings.flash_attn
-        else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    )
-    params.swa_full = settings.swa_full
-    params.kv_unified = settings.kv_unified
-    if settings.n_threads is not None:
-        params.n_threads = params.n_threads_batch = settings.n_threads
-    return params
-
-
-class _BuftOverride(ctypes.Structure):
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def cpu_moe_overrides(n_cpu_moe: int) -> int:
-    """A NULL-terminated override list keeping the experts of blocks < n_cpu_moe on the CPU.
-
-    The same pattern llama.cpp's ``--n-cpu-moe`` uses; returns the array's address.
-    """
-    layers = "|".join(str(i) for i in range(n_cpu_moe))
-    pattern = rf"blk\.({layers})\.ffn_(up|down|gate|gate_up)_(ch|)exps".encode()
-    array = (_BuftOverride * 2)()
-    array[0].pattern = pattern
-    array[0].buft = _cpu_buffer_type()
-    _keepalive.extend([pattern, array])
-    return ctypes.addressof(array)
-
-
-def _cpu_buffer_type() -> int:
-    import llama_cpp
-
-    library = Path(llama_cpp.__file__).parent / "lib" / "libggml-cpu.so"
-    ggml_cpu = ctypes.CDLL(str(library))
-    ggml_cpu.ggml_backend_cpu_buffer_type.restype = ctypes.c_void_p
-    return int(ggml_cpu.ggml_backend_cpu_buffer_type())
-
-
-def _last_error(lines: list[str]) -> str:
-    """llama.cpp's last log line before giving up says why."""
-    text = [line.strip() for line in "".join(lines).splitlines() if line.strip()]
-    return text[-1] if text else "llama.cpp logged nothing"
 
 
 def main() -> int:

@@ -1,7 +1,8 @@
 """The plan: what was chosen, what it costs on each device, what each KV type would buy, how fast
 it should run, whether llama.cpp confirmed it, and why.
 
-:func:`plan_model` is the entry point the CLI, the TUI and the engine call. A :class:`Plan` is
+:func:`plan_model` is the entry point the CLI, the TUI, bench and ``homelab.models`` call
+with the ModelInfos to plan over (the planner never resolves a name itself). A :class:`Plan` is
 frozen; ``to_dict()`` is the ``--json`` document (its top-level keys are a contract scripts rely
 on: settings, memory, capacity, predicted, verified, fits, reasons).
 """
@@ -169,19 +170,20 @@ def _device_dict(device: Any) -> dict[str, object]:
 
 
 def plan_model(
-    model: ModelInfo | str | Sequence[ModelInfo],
+    model: ModelInfo | Sequence[ModelInfo],
     hardware: Hardware | None = None,
     request: PlanRequest | None = None,
     verify: bool = True,
 ) -> Plan:
-    """Plan ``model`` (a ModelInfo, its quant variants, a GGUF path or a catalogue name).
+    """Plan ``model``: a ModelInfo, or its quant variants (what a
+    ``homelab.models`` ref's ``variants()`` gives; the search applies ``request.quant``).
 
     ``hardware`` defaults to this machine as detected. With ``verify``, a plan for a local file
     is confirmed by a llama.cpp dry run; if llama.cpp's compute buffers turn out larger than the
     formula's and the plan no longer fits, the search runs again with them.
     """
     request = request or PlanRequest()
-    variants = _variants(model, request)
+    variants = [model] if isinstance(model, ModelInfo) else list(model)
     hardware = hardware or resolve_hardware()
     search = Search(variants, hardware, request)
     result = search.run()
@@ -201,18 +203,6 @@ def plan_model(
         else:
             choice = corrected
     return build_plan(choice, hardware, request, verification, reasons, variants)
-
-
-def _variants(
-    model: ModelInfo | str | Sequence[ModelInfo], request: PlanRequest
-) -> list[ModelInfo]:
-    if isinstance(model, ModelInfo):
-        return [model]
-    if isinstance(model, str):
-        from homelab.planner.resolve import resolve_model
-
-        return resolve_model(model)  # every variant: the search applies --quant, hints use the rest
-    return list(model)
 
 
 def build_plan(

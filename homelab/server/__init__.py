@@ -11,5 +11,5 @@ streaming.py   server-sent events, cancelled when the client leaves
 metrics.py     Prometheus text exposition
 app.py         create_app(engine_provider, config)
 runner.py      start_server(...) -> ServerHandle (a background thread), uvicorn setup
-cli.py         the ``serve`` verb
+(the ``serve`` verb is :mod:`homelab.cli.serve`)
 """

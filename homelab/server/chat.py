@@ -12,11 +12,12 @@ from homelab.engine.api import FinishEvent, SamplingParams, TokenEvent, TokenLog
 from homelab.engine.chat import ToolCall
 from homelab.engine.grammar import JSON_OBJECT_GRAMMAR, schema_to_grammar
 from homelab.errors import EngineError
-from homelab.server.errors import api_error_from, invalid_request
+from homelab.server.errors import api_error_from, invalid_request, prompt_too_long
 from homelab.server.protocol import ChatCompletionRequest, ChatMessage
 from homelab.server.serving import (
     INLINE_CHARS,
     ChoiceState,
+    EngineLike,
     HandleLike,
     Prompt,
     RequestContext,
@@ -143,13 +144,34 @@ async def render(
     ctx: RequestContext, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None
 ) -> str:
     rendered = [_template_message(m) for m in messages]
-    small = sum(len(m["content"]) for m in rendered) + len(str(tools or "")) <= INLINE_CHARS
+    chars = sum(len(m["content"]) for m in rendered)
+    if chars > ctx.engine.n_ctx_per_slot:
+        refuse_user_text_beyond_context(ctx.engine, rendered)
     try:
-        if small:
+        if chars + len(str(tools or "")) <= INLINE_CHARS:
             return ctx.engine.render_chat(rendered, tools)
         return str(await anyio.to_thread.run_sync(ctx.engine.render_chat, rendered, tools))
     except EngineError as exc:  # the template refused these messages (e.g. roles must alternate)
         raise invalid_request(str(exc), param="messages") from exc
+
+
+def refuse_user_text_beyond_context(engine: EngineLike, messages: Sequence[dict[str, Any]]) -> None:
+    """Refuse before rendering (about 25 µs a message) a chat whose user messages alone cannot
+    fit: every template renders each user message's text (at most trimmed), and no token
+    stands for more than ``longest_token_bytes`` of it. Other roles are left out: some
+    templates drop parts of them (earlier turns' reasoning, a system message)."""
+    longest = engine.longest_token_bytes
+    if not longest:
+        return
+    size = sum(len(m["content"].strip().encode()) for m in messages if m["role"] == "user")
+    at_least = -(-size // longest)
+    limit = engine.n_ctx_per_slot - 1
+    if at_least > limit:
+        detail = (
+            f"the user messages' {size} bytes alone are at least {at_least} tokens, "
+            f"more than the {limit} that fit"
+        )
+        raise prompt_too_long(engine.n_ctx_per_slot, detail)
 
 
 def _template_message(message: ChatMessage) -> dict[str, Any]:

@@ -77,6 +77,14 @@ def context_length_exceeded(prompt_tokens: int, max_tokens: int, n_ctx: int) -> 
     return ApiError(400, message, param="messages", code="context_length_exceeded")
 
 
+def prompt_too_long(n_ctx: int, detail: str) -> ApiError:
+    """The prompt alone cannot fit (found before tokenizing all of it: ``detail`` says how)."""
+    message = (
+        f"This model's context per request is {n_ctx} tokens, but {detail}. Shorten the prompt."
+    )
+    return ApiError(400, message, param="messages", code="context_length_exceeded")
+
+
 def service_unavailable(message: str, code: str, retry_after_s: int = 1) -> ApiError:
     return ApiError(503, message, code=code, headers={"Retry-After": str(retry_after_s)})
 

@@ -235,6 +235,15 @@ class _SamplingRequest(_Wire):
             raise ValueError(f"a stop string may be at most {MAX_STOP_LENGTH} characters")
         return tuple(s for s in stops if s)
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if value is not None and info.data.get("stream") is False:  # as OpenAI: a 400
+            raise ValueError("stream_options is only allowed when stream is true")
+        return value
+
     @field_validator("logit_bias")
     @classmethod
     def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:

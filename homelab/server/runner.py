@@ -84,6 +84,11 @@ class ServerHandle:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def thread(self) -> threading.Thread:
+        """The thread that runs the server's event loop."""
+        return self._thread
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._server.should_exit = True
         self._thread.join(timeout_s)

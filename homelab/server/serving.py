@@ -38,10 +38,12 @@ from homelab.server.errors import (
     ApiError,
     context_length_exceeded,
     invalid_request,
+    prompt_too_long,
     service_unavailable,
 )
 from homelab.server.metrics import ServerMetrics
 from homelab.server.protocol import _SamplingRequest
+from homelab.server.streaming import wait_for_disconnect
 
 log = logging.getLogger("homelab.server")
 
@@ -64,8 +66,13 @@ class EngineLike(Protocol):
     def n_ctx_per_slot(self) -> int: ...
     @property
     def chat_template(self) -> Any: ...
+    @property
+    def longest_token_bytes(self) -> int | None: ...
     def submit(self, request: GenerationRequest) -> Any: ...
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> Sequence[int]: ...
+    def tokenize_within(
+        self, text: str, limit: int, add_bos: bool = True, special: bool = True
+    ) -> Sequence[int]: ...
     def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str: ...
     def metrics(self) -> EngineMetrics: ...
 
@@ -205,12 +212,20 @@ def sampling_params(
 
 
 async def tokenize(engine: EngineLike, text: str, add_bos: bool) -> tuple[int, ...]:
-    """Tokenize; a long prompt off the event loop (it takes a while), a short one at once."""
-    if len(text) <= INLINE_CHARS:
-        return tuple(engine.tokenize(text, add_bos=add_bos, special=True))
-    tokens = await anyio.to_thread.run_sync(
-        lambda: engine.tokenize(text, add_bos=add_bos, special=True)
-    )
+    """Tokenize a prompt that must fit the context; a long one off the event loop.
+
+    A text that cannot fit is refused after work bounded by the context, not by its size
+    (see ``Engine.tokenize_within``): a multi-megabyte prompt costs milliseconds, not minutes.
+    """
+    limit = engine.n_ctx_per_slot - 1  # at least one completion token must fit
+
+    def run() -> Sequence[int]:
+        return engine.tokenize_within(text, limit, add_bos=add_bos, special=True)
+
+    try:
+        tokens = run() if len(text) <= INLINE_CHARS else await anyio.to_thread.run_sync(run)
+    except ContextLengthError as exc:
+        raise prompt_too_long(engine.n_ctx_per_slot, exc.message) from None
     return tuple(tokens)
 
 
@@ -318,8 +333,7 @@ async def collect(
 
 
 async def _cancel_when_client_leaves(http: Request, scope: anyio.CancelScope) -> None:
-    while (await http.receive())["type"] != "http.disconnect":
-        pass
+    await wait_for_disconnect(http.receive)
     scope.cancel()
 
 

@@ -21,6 +21,8 @@ from homelab.server.errors import ApiError
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+MIN_RECEIVE_PAUSE_S = 0.01  # see wait_for_disconnect
+MAX_RECEIVE_PAUSE_S = 0.5
 
 
 def sse_event(payload: Mapping[str, Any]) -> bytes:
@@ -33,6 +35,22 @@ def sse_event(payload: Mapping[str, Any]) -> bytes:
 
 def sse_error(error: ApiError) -> bytes:
     return sse_event(error.envelope())
+
+
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Return once the client has gone; sleeps (no CPU) until then.
+
+    Called after the request body has been read in full. From then on an ASGI server's
+    ``receive()`` blocks until the client disconnects (uvicorn does). A server or middleware
+    that instead answers at once (an empty ``http.request`` again and again) would turn a
+    plain ``while`` loop into one that burns a core for as long as the generation runs,
+    stealing it from llama.cpp: such answers are spaced out (10 ms doubling to 0.5 s), so a
+    disconnect is still seen within half a second and the loop stays idle.
+    """
+    pause_s = 0.0
+    while (await receive())["type"] != "http.disconnect":
+        pause_s = min(max(2 * pause_s, MIN_RECEIVE_PAUSE_S), MAX_RECEIVE_PAUSE_S)
+        await anyio.sleep(pause_s)
 
 
 class EventStreamResponse(Response):
@@ -70,8 +88,7 @@ class EventStreamResponse(Response):
 
     @staticmethod
     async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        await wait_for_disconnect(receive)
         scope.cancel()
 
     async def _close_events(self) -> None:

@@ -1,7 +1,9 @@
 """homelab.tui — the Textual dashboard; the only package that imports Textual.
 
-Layout: ``app.py`` (the app, its state and workers), ``screens/`` (dashboard, model picker,
-help, error modal), ``widgets/`` (one module per dashboard region), ``app.tcss`` (the one
-stylesheet). ``services.py`` and ``live.py`` are Textual-free adapters over the headless core
-(hardware, planner, engine, server, hub) so the UI code only ever renders their results.
+Layout: ``app.py`` (the composition root: keys, palette, message routing), ``panels/`` (one
+controller per panel — hardware, plan, live, chat, server, picker — owning its state and
+workers), ``messages.py`` (every message), ``screens/`` (dashboard, model picker, help, error
+modal), ``widgets/`` (one module per dashboard region), ``app.tcss`` (the one stylesheet).
+``services.py``, ``protocols.py`` (what the TUI uses of the core, as Protocols) and
+``live.py`` are Textual-free, so the UI code only ever renders the core's results.
 """

@@ -1,100 +1,147 @@
-"""Past-tense messages that workers and background threads post to the app.
+"""Every message of the dashboard: small past-tense records.
 
 Workers never touch widgets: they post one of these (``App.post_message`` is thread-safe)
-and the app applies it on the event loop.
+and the app routes it to the panel it concerns, on the event loop. Widgets post the user's
+requests the same way (a prompt submitted, a knob turned), and the app decides what follows.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from homelab.errors import HomelabError
-from homelab.hardware.report import HardwareReport
-from homelab.tui.services import ModelChoice
+if TYPE_CHECKING:
+    from homelab.engine.api import FinishEvent
+    from homelab.errors import HomelabError
+    from homelab.hardware.report import HardwareReport
+    from homelab.planner.plan import Plan
+    from homelab.tui.knobs import Knobs
+    from homelab.tui.protocols import DashboardEngine, ServerLike
+    from homelab.tui.services import FitBadge, ModelChoice
+
+# --- posted by workers ---------------------------------------------------------------------
 
 
+@dataclass
 class HardwareDetected(Message):
-    def __init__(self, report: HardwareReport) -> None:
-        super().__init__()
-        self.report = report
+    report: HardwareReport
 
 
+@dataclass
 class ModelChosen(Message):
-    def __init__(self, choice: ModelChoice) -> None:
-        super().__init__()
-        self.choice = choice
+    choice: ModelChoice
 
 
+@dataclass
 class PlanComputed(Message):
     """``generation`` lets the app drop a plan that a newer knob change has superseded."""
 
-    def __init__(self, plan: Any, generation: int) -> None:
-        super().__init__()
-        self.plan = plan
-        self.generation = generation
+    plan: Plan
+    generation: int
 
 
+@dataclass
 class PlanFailed(Message):
-    def __init__(self, error: HomelabError, generation: int) -> None:
-        super().__init__()
-        self.error = error
-        self.generation = generation
+    error: HomelabError
+    generation: int
 
 
+@dataclass
 class ModelLoaded(Message):
-    def __init__(self, engine: Any, load_s: float) -> None:
-        super().__init__()
-        self.engine = engine
-        self.load_s = load_s
+    engine: DashboardEngine
+    load_s: float
 
 
+@dataclass
 class ModelUnloaded(Message):
     pass
 
 
+@dataclass
 class TaskFailed(Message):
     """A background action failed; the app shows ``error`` as a titled notification/modal."""
 
-    def __init__(self, action: str, error: HomelabError, *, modal: bool = False) -> None:
-        super().__init__()
-        self.action = action
-        self.error = error
-        self.modal = modal
+    action: str
+    error: HomelabError
+    modal: bool = False
 
 
+@dataclass
 class AnswerFinished(Message):
-    def __init__(self, finish: Any) -> None:
-        super().__init__()
-        self.finish = finish
+    finish: FinishEvent | None  # None: the stream broke off (a TaskFailed says why)
 
 
+@dataclass
 class ServerStarted(Message):
-    def __init__(self, handle: Any) -> None:
-        super().__init__()
-        self.handle = handle
+    server: ServerLike
 
 
+@dataclass
 class ServerStopped(Message):
     pass
 
 
+@dataclass
 class ModelsListed(Message):
-    def __init__(self, choices: list[ModelChoice]) -> None:
-        super().__init__()
-        self.choices = choices
+    choices: list[ModelChoice]
 
 
+@dataclass
 class FitComputed(Message):
-    def __init__(self, choice: ModelChoice, badge: Any) -> None:
-        super().__init__()
-        self.choice = choice
-        self.badge = badge
+    choice: ModelChoice
+    badge: FitBadge
 
 
+@dataclass
 class ModelPulled(Message):
-    def __init__(self, choice: ModelChoice, notes: list[str]) -> None:
-        super().__init__()
-        self.choice = choice
-        self.notes = notes
+    choice: ModelChoice
+    notes: list[str]
+
+
+# --- wake-ups from background threads (at most one in flight: see live.Coalescer) ----------
+
+
+@dataclass
+class MetricsUpdated(Message):
+    """The engine published new metrics."""
+
+
+@dataclass
+class PullProgressed(Message):
+    """A download made progress."""
+
+
+@dataclass
+class RequestsLogged(Message):
+    """The server logged requests (drained from an ``Inbox``)."""
+
+
+# --- posted by widgets: what the user asked for --------------------------------------------
+
+
+@dataclass
+class PromptSubmitted(Message):
+    prompt: str
+
+
+@dataclass
+class CancelRequested(Message):
+    """Esc in the chat while an answer streams."""
+
+
+@dataclass
+class KnobsChanged(Message):
+    knobs: Knobs
+
+
+@dataclass
+class ServerToggleRequested(Message):
+    """The server panel's start/stop button was pressed."""
+
+
+@dataclass
+class DownloadRequested(Message):
+    choice: ModelChoice
+    quant: str | None

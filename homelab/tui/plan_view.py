@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.markup import escape
 from rich.table import Table
@@ -17,6 +17,7 @@ from homelab.tui.bars import LIGHT_SHADE, Segment
 from homelab.tui.format import human_bytes, human_tokens
 
 if TYPE_CHECKING:
+    from homelab.engine.loader import LoadReport
     from homelab.planner.memory import DeviceMemory
     from homelab.planner.plan import CapacityRow, Plan
 
@@ -63,7 +64,7 @@ class PlanView:
         return table
 
 
-def plan_view(plan: Plan, load_report: Any = None) -> PlanView:
+def plan_view(plan: Plan, load_report: LoadReport | None = None) -> PlanView:
     """What the panel shows for ``plan``; ``load_report`` (after a load) adds actual sizes."""
     actual = actual_by_device(load_report) if load_report is not None else None
     return PlanView(
@@ -177,7 +178,7 @@ def actual_line(predicted: Mapping[str, int], measured: Mapping[str, int]) -> st
     return "[b]after load:[/b] " + " · ".join(pieces)
 
 
-def actual_by_device(load_report: Any) -> dict[str, dict[str, int]]:
+def actual_by_device(load_report: LoadReport) -> dict[str, dict[str, int]]:
     """llama.cpp's logged buffers (engine LoadReport.buffers) summed per device and kind."""
     buffers = load_report.buffers
     kinds = {

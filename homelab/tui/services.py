@@ -1,9 +1,10 @@
 """The dashboard's doorway to the headless core (Textual-free, so it is testable alone).
 
 Everything the UI does to a model — choose it, plan it, load it, serve it — goes through
-these functions, which call ``homelab.gguf``, ``homelab.planner``, ``homelab.engine``,
-``homelab.server`` and ``homelab.hub`` and return their own objects (a ``Plan``, an
-``Engine``...). They block, so the app calls them from thread workers.
+these functions, which call ``homelab.models`` (names are resolved and plans loaded exactly
+as the CLI verbs do), ``homelab.planner``, ``homelab.server`` and ``homelab.hub`` and return
+their own objects (a ``Plan``, an ``Engine``...). They block, so the app calls them from
+thread workers.
 """
 
 from __future__ import annotations
@@ -12,34 +13,39 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from homelab.errors import HomelabError
 from homelab.tui.format import human_tokens
 from homelab.tui.knobs import Knobs
 
 if TYPE_CHECKING:
+    from homelab.engine.loader import LoadReport
     from homelab.hardware.report import HardwareReport
     from homelab.hub.library import LocalModel
+    from homelab.models.ref import ModelRef
     from homelab.planner.plan import Plan
     from homelab.planner.search import PlanRequest
+    from homelab.server.middleware import RequestRecord
+    from homelab.tui.protocols import AnswerStream, DashboardEngine, HttpServerHandle
 
 ModelKind = Literal["local", "catalogue", "hub", "demo"]
 DEMO_REF = "demo"
-DEMO_ALIASES = ("demo-tiny", "demo-bench")  # older spellings of demo:tiny / demo:bench
 DEMO_LABEL = "demo model, random weights"
 
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """A model the user can pick: a file on disk, a catalogue entry, or a generated demo."""
+    """A model the user can pick, as the picker and the plan panel show it. ``model`` is what
+    it is (a :mod:`homelab.models.ref` ref): planning and loading use that and nothing else."""
 
-    ref: str  # what the planner is given: a GGUF path or a catalogue slug
+    model: ModelRef
+    ref: str  # the picker's key: the file's path, else the name as typed
     label: str  # what the UI shows
     kind: ModelKind
-    path: Path | None  # None: not on this machine (a catalogue entry to pull first)
+    path: Path | None  # None: not on this machine (a catalogue entry or hub file to pull first)
     size_bytes: int | None = None
-    detail: str = ""  # e.g. "Hugging Face cache", "catalogue · Q4_K_M"
+    detail: str = ""  # e.g. "hf · org/name", "catalogue · org/name-GGUF"
 
     @property
     def is_demo(self) -> bool:
@@ -67,24 +73,27 @@ class FitBadge:
 # --- choosing a model ----------------------------------------------------------------------
 
 
-def demo_choice(size: str = "tiny", arch: str = "llama") -> ModelChoice:
-    from homelab.gguf.demo import demo_model_path
-
-    return local_choice(demo_model_path(arch, size), detail="generated locally")
-
-
-def local_choice(path: Path, detail: str = "local file") -> ModelChoice:
-    if not path.is_file():
-        raise HomelabError(f"{path}: no such model file.", hint="Give the path of a .gguf file.")
-    demo = demo_label(path)
+def choice_for(model: ModelRef, size_bytes: int | None = None) -> ModelChoice:
+    """How ``model`` is shown (a demo model's file is shown as one wherever it was found)."""
+    path = model.local_path() if model.on_disk else None
+    demo = demo_label(path) if path is not None else None
+    if size_bytes is None and path is not None:
+        size_bytes = path.stat().st_size
     return ModelChoice(
-        ref=str(path),
-        label=demo or path.name,
-        kind="demo" if demo else "local",
+        model=model,
+        ref=str(path) if path is not None else model.text,
+        label=demo or model.label,
+        kind="demo" if demo else model.kind,
         path=path,
-        size_bytes=path.stat().st_size,
-        detail=detail,
+        size_bytes=size_bytes,
+        detail=model.origin,
     )
+
+
+def demo_choice(size: str = "tiny", arch: str = "llama") -> ModelChoice:
+    from homelab.models.ref import resolve
+
+    return choice_for(resolve(f"demo:{arch}:{size}"))
 
 
 def demo_label(path: Path) -> str | None:
@@ -96,66 +105,22 @@ def demo_label(path: Path) -> str | None:
 
 
 def catalogue_choice(slug: str) -> ModelChoice:
-    from homelab.gguf.catalogue import find_model
+    from homelab.models.ref import catalogue_ref
 
-    entry = find_model(slug)
-    best = entry.quants[0] if entry.quants else None
-    return ModelChoice(
-        ref=entry.slug,
-        label=entry.display_name,
-        kind="catalogue",
-        path=None,
-        size_bytes=best.size_bytes if best else None,
-        detail=f"catalogue · {entry.hf_repo}",
-    )
+    model = catalogue_ref(slug)
+    best = model.entry.quants[0] if model.entry.quants else None
+    return choice_for(model, size_bytes=best.size_bytes if best else None)
 
 
 def choose_model(requested: str | None) -> ModelChoice:
-    """``requested`` as given on the command line; None: first local model, else the demo.
-
-    A name is tried as a demo keyword, a file, a local model (file name or ``REPO:QUANT`` in
-    the Hugging Face cache), a catalogue entry and finally a hub repo (planned remotely,
-    pulled before it runs).
-    """
+    """``requested`` as given on the command line, resolved like every verb's MODEL
+    (:func:`homelab.models.ref.resolve`); None: the first local model, else the demo."""
     if requested is None:
         local = [choice for choice in local_choices() if choice.runnable]
         return local[0] if local else demo_choice()
-    from homelab.gguf.demo import demo_ref_path, is_demo_ref
+    from homelab.models.ref import resolve
 
-    spelled = (
-        requested.replace("demo-", "demo:", 1) if requested.lower() in DEMO_ALIASES else requested
-    )
-    if is_demo_ref(spelled):  # demo[:ARCH][:SIZE][:QUANT], the same names every verb takes
-        return local_choice(demo_ref_path(spelled), detail="generated locally")
-    path = Path(requested).expanduser()
-    if path.suffix.lower() == ".gguf" or path.exists():
-        return local_choice(path)
-    found = _find_local(requested)
-    if found is not None:
-        return found
-    try:
-        return catalogue_choice(requested)
-    except HomelabError:
-        if not _looks_like_repo(requested):
-            raise
-    return hub_choice(requested)
-
-
-def hub_choice(ref: str) -> ModelChoice:
-    return ModelChoice(ref=ref, label=ref, kind="hub", path=None, detail="Hugging Face hub")
-
-
-def _looks_like_repo(name: str) -> bool:
-    from homelab.hub.resolve import looks_like_repo
-
-    return looks_like_repo(name)
-
-
-def _find_local(name: str) -> ModelChoice | None:
-    from homelab.hub.library import find_local
-
-    found = find_local(name)
-    return None if found is None else _from_library(found)
+    return choice_for(resolve(requested))
 
 
 def local_choices() -> list[ModelChoice]:
@@ -167,15 +132,13 @@ def local_choices() -> list[ModelChoice]:
 
 
 def _from_library(model: LocalModel) -> ModelChoice:
-    problem = f" · unreadable: {model.problem}" if model.info is None else ""
-    return ModelChoice(
-        ref=str(model.path),
-        label=model.name if model.repo_id is None else f"{model.repo_id}:{model.quant}",
-        kind="demo" if demo_label(model.path) else "local",
-        path=model.path if model.info is not None else None,
-        size_bytes=model.size_bytes,
-        detail=f"{model.origin}{problem}",
-    )
+    from homelab.models.ref import LocalFile, from_library
+
+    if model.info is not None:
+        return choice_for(from_library(model), size_bytes=model.size_bytes)
+    unreadable = LocalFile(model.ref, model.path, model.name, model.origin)  # listed, not loaded
+    shown = choice_for(unreadable, size_bytes=model.size_bytes)
+    return replace(shown, path=None, detail=f"{model.origin} · unreadable: {model.problem}")
 
 
 def catalogue_choices() -> list[ModelChoice]:
@@ -233,8 +196,8 @@ def plan_choice(
     from homelab.planner.budget import hardware_from_report
     from homelab.planner.plan import plan_model
 
-    model = str(choice.path) if choice.path is not None else choice.ref
-    return plan_model(model, hardware_from_report(report), plan_request(knobs), verify=verify)
+    variants = choice.model.variants()
+    return plan_model(variants, hardware_from_report(report), plan_request(knobs), verify=verify)
 
 
 def fit_badge(choice: ModelChoice, report: HardwareReport) -> FitBadge:
@@ -280,25 +243,20 @@ def _badge(plan: Plan) -> FitBadge:
 
 def pull_name(choice: ModelChoice, quant: str | None) -> str:
     """``ORG/NAME:QUANT`` for a catalogue entry or hub reference."""
-    if choice.kind == "hub":
-        return choice.ref if quant is None or ":" in choice.ref else f"{choice.ref}:{quant}"
-    if choice.kind != "catalogue":
+    name = None if choice.runnable else choice.model.pull_name(quant)
+    if name is None:
         raise HomelabError(f"{choice.label} is already on this machine.")
-    from homelab.gguf.catalogue import find_model
-
-    entry = find_model(choice.ref)
-    quant = quant or entry.quants[-1].quant  # nothing planned: the smallest file
-    return f"{entry.hf_repo}:{quant}"
+    return name
 
 
 def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> ModelChoice:
     """Download ``choice`` into the Hugging Face cache (verified, resumable) and return the
     local model it became. Blocking: minutes for a big file."""
     from homelab.hub.pull import pull_by_name
+    from homelab.models.ref import resolve
 
     pulled = pull_by_name(pull_name(choice, quant), progress=progress)  # type: ignore[arg-type]
-    local = local_choice(pulled.path, detail=f"hf · {pulled.repo_id}")
-    return replace(local, label=f"{pulled.repo_id}:{pulled.quant}")
+    return choice_for(resolve(f"{pulled.repo_id}:{pulled.quant}"))
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -306,31 +264,20 @@ def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> Mod
 CHAT_MAX_TOKENS = 256
 
 
-def load_engine(choice: ModelChoice, plan: Any) -> Any:
-    """Load ``choice`` with the plan's settings (blocking: seconds for a big model)."""
-    from homelab.engine.engine import Engine
+def load_engine(choice: ModelChoice, plan: Plan) -> DashboardEngine:
+    """Load the file ``plan`` was made for (``choice``'s, or the sibling quant the planner
+    picked) with the plan's settings, the plan's memory prediction going into the calibration
+    record (blocking: seconds for a big model)."""
+    from homelab.models.launch import load_plan
 
-    if choice.path is None:
-        raise HomelabError(
-            f"{choice.label} is not on this machine.",
-            hint=f"Download it: homelab pull {choice.ref}",
-        )
-    # the planner may have picked a sibling quant file of the one chosen
-    path = Path(plan.model_source) if Path(plan.model_source).is_file() else choice.path
-    return Engine.load(path, plan.settings, predicted=_predicted(plan))
+    return load_plan(choice.model, plan)
 
 
-def _predicted(plan: Any) -> dict[str, Any] | None:
-    document = plan.to_dict() if hasattr(plan, "to_dict") else {}
-    predicted = document.get("predicted") or document.get("memory")
-    return predicted if isinstance(predicted, dict) else None
-
-
-def load_report(engine: Any) -> Any:
+def load_report(engine: DashboardEngine) -> LoadReport | None:
     return getattr(engine, "load_report", None)
 
 
-def loaded_line(choice: ModelChoice | None, report: Any, load_s: str) -> str:
+def loaded_line(choice: ModelChoice | None, report: LoadReport | None, load_s: str) -> str:
     """The live panel's state line once a model is loaded (markup)."""
     from rich.markup import escape
 
@@ -345,8 +292,11 @@ def loaded_line(choice: ModelChoice | None, report: Any, load_s: str) -> str:
 
 
 def submit_chat(
-    engine: Any, history: list[dict[str, str]], tenant: str, max_tokens: int = CHAT_MAX_TOKENS
-) -> Any:
+    engine: DashboardEngine,
+    history: list[dict[str, str]],
+    tenant: str,
+    max_tokens: int = CHAT_MAX_TOKENS,
+) -> AnswerStream:
     """Render the conversation with the model's chat template and submit it.
 
     A model without a usable template gets the last prompt as plain text. When the whole
@@ -357,7 +307,7 @@ def submit_chat(
 
     sampling = SamplingParams(max_tokens=min(max_tokens, engine.n_ctx_per_slot // 2))
 
-    def request(turns: list[dict[str, str]]) -> Any:
+    def request(turns: list[dict[str, str]]) -> AnswerStream:
         prompt = _chat_prompt(engine, turns)
         return engine.submit(GenerationRequest(tenant=tenant, prompt=prompt, sampling=sampling))
 
@@ -369,7 +319,7 @@ def submit_chat(
         return request(history[-1:])
 
 
-def _chat_prompt(engine: Any, turns: list[dict[str, str]]) -> str:
+def _chat_prompt(engine: DashboardEngine, turns: list[dict[str, str]]) -> str:
     if engine.chat_template is None:
         return turns[-1]["content"]
     return str(engine.render_chat(turns))
@@ -378,7 +328,13 @@ def _chat_prompt(engine: Any, turns: list[dict[str, str]]) -> str:
 # --- serving ---------------------------------------------------------------------------------
 
 
-def start_server(engine: Any, host: str, port: int, *, on_request: Callable[[Any], None]) -> Any:
+def start_server(
+    engine: DashboardEngine,
+    host: str,
+    port: int,
+    *,
+    on_request: Callable[[RequestRecord], None],
+) -> RunningServer:
     """Serve ``engine`` on ``host:port`` in a background thread; ``on_request`` gets each
     finished request's record (status, tenant, tokens — never prompt text).
 
@@ -399,7 +355,7 @@ def start_server(engine: Any, host: str, port: int, *, on_request: Callable[[Any
 
 @dataclass(frozen=True)
 class RunningServer:
-    handle: Any  # homelab.server.runner.ServerHandle
+    handle: HttpServerHandle  # homelab.server.runner.ServerHandle
     keys_on: bool
 
     @property

@@ -99,6 +99,24 @@ def test_text_shorter_than_one_chunk_is_refused(tiny: Path) -> None:
         measure_quality(config(tiny, "f16"), [config(tiny, "q8_0")], "a short text", model_name="x")
 
 
+def test_a_byte_fallback_vocabulary_with_more_tokens_than_bytes_is_measured(
+    byte_vocab_model: Path,
+) -> None:
+    # CJK, emoji and spaces: one token per byte, three per space ("▁" falls back to bytes)
+    text = "日本語の テキスト 🙂👍🏽 naïve café\n" * 12
+    result = measure_quality(
+        config(byte_vocab_model, "f16", "reference"),
+        [config(byte_vocab_model, "q8_0")],
+        text,
+        model_name="byte vocabulary",
+        n_ctx=128,
+    )
+    assert result.n_text_tokens == len(text.replace(" ", "\u2581").encode())
+    assert result.n_text_tokens > len(text.encode()) + 16  # past any guess from the length
+    assert result.n_chunks == result.n_text_tokens // 128
+    assert math.isfinite(result.reference_perplexity) and result.rows[0].kld_mean >= 0.0
+
+
 def test_other_weights_file_is_compared_with_the_reference(
     tiny: Path, demo_model: Callable[..., Path]
 ) -> None:

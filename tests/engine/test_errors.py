@@ -8,7 +8,6 @@ from engine_helpers import EngineFactory
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from homelab.engine.engine import Engine
 from homelab.errors import BusyError, ContextLengthError, EngineError
-from homelab.llamacpp import llama
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 
@@ -67,11 +66,11 @@ def test_a_llama_cpp_decode_failure_fails_only_that_request(make_engine: EngineF
     next(doomed)
     doomed_seq = next(s.seq_id for s in engine.slot_states() if s.tenant == "b")
 
-    def corrupt() -> None:  # drop b's last cell behind the scheduler's back: b's next
-        lib = llama()  # position no longer follows the cache's, which llama.cpp rejects
-        memory = lib.llama_get_memory(engine.context_pointer)
-        last = lib.llama_memory_seq_pos_max(memory, doomed_seq)
-        lib.llama_memory_seq_rm(memory, doomed_seq, last, -1)
+    def corrupt() -> None:
+        # drop b's last cell behind the scheduler's back: b's next position no longer
+        # follows the cache's, which llama.cpp rejects
+        memory = engine.context.memory
+        memory.drop_from(doomed_seq, memory.last_position(doomed_seq))
 
     engine.run_on_engine_thread(corrupt).result(5)
     doomed_finish = doomed.collect().finish

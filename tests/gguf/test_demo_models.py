@@ -7,11 +7,11 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+import llama_cpp  # its high-level API, as an independent judge of the generated files
 import pytest
 
 from homelab.gguf import vocab
 from homelab.gguf.demo import ARCHS, demo_model_path, write_f16_model
-from homelab.llamacpp import llama
 
 VARIANTS = [(arch, "F16") for arch in ARCHS] + [("llama", q) for q in ("Q8_0", "Q4_0", "Q4_K_M")]
 VARIANT_IDS = [f"{arch}-{quant}" for arch, quant in VARIANTS]
@@ -28,7 +28,7 @@ ROUND_TRIP_TEXTS = [
 @pytest.fixture(params=VARIANTS, ids=VARIANT_IDS)
 def loaded(request: pytest.FixtureRequest, demo_model: Callable[..., Path]) -> Iterator[Any]:
     arch, quant = request.param
-    model = llama().Llama(str(demo_model(arch, "tiny", quant)), n_ctx=256, verbose=False)
+    model = llama_cpp.Llama(str(demo_model(arch, "tiny", quant)), n_ctx=256, verbose=False)
     yield model
     model.close()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from homelab import cli
-from homelab.gguf import cli as demo_cli
+from homelab.cli import demo_model as demo_cli
 from homelab.gguf import demo
 from homelab.gguf.demo import demo_model_path
 
@@ -90,7 +90,7 @@ def test_cli_choices_match_the_generator() -> None:
 
 def test_cli_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys, homelab.gguf.cli, homelab.gguf.inspect_cli\n"
+        "import sys, homelab.cli, homelab.cli.demo_model, homelab.cli.inspect\n"
         "heavy = {'numpy', 'gguf', 'llama_cpp'} & set(sys.modules)\n"
         "assert not heavy, heavy\n"
     )

@@ -9,12 +9,12 @@ from itertools import islice
 from pathlib import Path
 
 import gguf
+import llama_cpp  # its high-level API, as an independent judge of the split set
 import pytest
 
 from homelab.gguf.demo import ARCHS, demo_model_path, write_f16_model
 from homelab.gguf.header import ArraySummary, RawHeader, parse_header
 from homelab.gguf.reader import read_model
-from homelab.llamacpp import llama
 
 VARIANTS = [(arch, "F16") for arch in ARCHS] + [
     ("llama", "Q8_0"),
@@ -124,8 +124,6 @@ def test_each_part_agrees_with_gguf_reader(split_set: list[Path]) -> None:
 
 
 def test_llama_cpp_runs_the_split_set_like_the_single_file(split_set: list[Path]) -> None:
-    llama_cpp = llama()
-
     def greedy(path: Path) -> list[int]:
         model = llama_cpp.Llama(str(path), n_ctx=256, verbose=False)
         try:

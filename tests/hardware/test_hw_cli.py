@@ -85,7 +85,7 @@ def test_hw_profiles_lists_the_planner_gpus(capsys: pytest.CaptureFixture[str]) 
 
 def test_the_verb_module_imports_nothing_heavy() -> None:
     code = (
-        "import sys, homelab.hardware.cli, homelab.hardware.report;"
+        "import sys, homelab.cli, homelab.cli.hw, homelab.hardware.report;"
         "print(sorted(m for m in ('llama_cpp', 'textual', 'rich', 'numpy') if m in sys.modules))"
     )
     result = subprocess.run(

@@ -26,8 +26,7 @@ def split_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The tiny demo llama as a two-part Q8_0 split set: written in F16 parts with the gguf
     package (as gguf-split would), then quantized by llama.cpp keeping the split."""
     from homelab.gguf import demo
-    from homelab.gguf.quantize import FTYPES
-    from homelab.llamacpp import capture_log, llama
+    from homelab.llamacpp.quantize import quantize_gguf
 
     folder = tmp_path_factory.mktemp("split")
     spec = demo.spec_for("llama", "tiny")
@@ -43,16 +42,12 @@ def split_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    params = llama().llama_model_quantize_default_params()
-    params.ftype = FTYPES["Q8_0"]
-    params.keep_split = True
-    with capture_log():
-        status = llama().llama_model_quantize(
-            str(folder / "TinyLlama-F16-00001-of-00002.gguf").encode(),
-            str(folder / "TinyLlama-Q8_0").encode(),
-            params,
-        )
-    assert status == 0
+    quantize_gguf(
+        folder / "TinyLlama-F16-00001-of-00002.gguf",
+        folder / "TinyLlama-Q8_0",
+        "Q8_0",
+        keep_split=True,
+    )
     parts = sorted(folder.glob("TinyLlama-Q8_0-*-of-*.gguf"))
     assert len(parts) == 2, parts
     return parts

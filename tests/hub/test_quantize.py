@@ -14,7 +14,7 @@ from homelab.gguf.quantize import provenance_path, read_provenance
 from homelab.gguf.reader import read_model
 from homelab.hub.library import list_local_models
 from homelab.hub.local_quantize import default_target, quantize_model, quantize_suggestion
-from homelab.llamacpp import capture_log, llama
+from homelab.llamacpp.model import Model, ModelLoadError
 
 
 @pytest.fixture
@@ -26,15 +26,11 @@ def f16_source(tmp_path: Path, quant_files: dict[str, Path]) -> Path:
 
 
 def _loads_in_llama_cpp(path: Path) -> bool:
-    lib = llama()
-    params = lib.llama_model_default_params()
-    with capture_log():
-        model = lib.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
+    try:
+        with Model.load(path) as model:
+            return model.n_params > 0
+    except ModelLoadError:
         return False
-    n_params = lib.llama_model_n_params(model)
-    lib.llama_model_free(model)
-    return n_params > 0
 
 
 @pytest.mark.parametrize("quant", ["Q8_0", "Q4_K", "Q5_K_M", "Q6_K", "IQ4_XS"])

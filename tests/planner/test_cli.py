@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from homelab.cli import main
+from homelab.gguf.reader import read_model
+from homelab.models.ref import resolve
 from homelab.planner.budget import resolve_hardware
 from homelab.planner.plan import plan_model
 
@@ -93,26 +95,38 @@ def test_local_file_is_confirmed_by_a_dry_run(
 def test_planning_the_bench_model_with_its_dry_run_takes_under_a_second(
     demo_model: Callable[..., Path],
 ) -> None:
-    path = str(demo_model("llama", "bench"))
+    path = demo_model("llama", "bench")
     hardware = resolve_hardware(ram_bytes=8 << 30)
-    plan_model(path, hardware)  # warm the page cache and imports
+    plan_model(read_model(path), hardware)  # warm the page cache and imports
     timings = []
-    for _ in range(3):  # the best of three: the machine is shared
+    for _ in range(3):  # the best of three: the machine is shared (reading the header counts)
         started = time.perf_counter()
-        result = plan_model(path, hardware)
+        result = plan_model(resolve(str(path)).variants(), hardware)
         timings.append(time.perf_counter() - started)
     assert result.verified.method == "dry-run"
     assert min(timings) < 1.0, f"planning took {min(timings):.2f} s"
 
 
-def test_serve_plans_its_model_with_the_shared_flags(demo_model: Callable[..., Path]) -> None:
+def test_run_and_serve_plan_their_file_with_the_shared_flags(
+    tmp_path: Path, demo_model: Callable[..., Path]
+) -> None:
+    """The flags of `plan` fix knobs for `run`/`serve` too; the file's own quant is kept even
+    with a better sibling beside it (which `homelab plan` would choose)."""
     import argparse
+    import shutil
 
-    from homelab.planner.cli import add_plan_arguments, settings_from_args
+    from homelab.cli import flags
+    from homelab.models.launch import plan_file
 
+    for quant in ("F16", "Q8_0"):
+        shutil.copy(demo_model("qwen3", "tiny", quant), tmp_path / f"Qwen-{quant}.gguf")
     parser = argparse.ArgumentParser()
-    add_plan_arguments(parser)
-    args = parser.parse_args(["--parallel", "2", "--ctx", "2048", "--kv", "q8_0", "--ram", "4GiB"])
-    settings = settings_from_args(args, demo_model("qwen3", "tiny", "Q8_0"))
+    flags.add_plan_flags(parser)
+    argv = ["--parallel", "2", "--ctx", "2048", "--kv", "q8_0", "--ram", "4GiB", "--quant", "F16"]
+    args = parser.parse_args(argv)
+    ref = resolve(str(tmp_path / "Qwen-Q8_0.gguf"))
+    settings = plan_file(ref, flags.plan_request(args), flags.hardware(args)).settings
     assert (settings.quant, settings.n_parallel, settings.type_k) == ("Q8_0", 2, "q8_0")
     assert settings.n_ctx_per_slot >= 2048 and settings.flash_attn
+    planned = plan_model(ref.variants(), flags.hardware(args), flags.plan_request(args))
+    assert planned.settings.quant == "F16"  # `homelab plan` may pick the sibling

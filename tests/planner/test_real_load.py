@@ -22,10 +22,11 @@ import pytest
 
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
-from homelab.llamacpp import capture_log, joined, llama
+from homelab.llamacpp.context import Context, ContextParams
+from homelab.llamacpp.model import Model
 from homelab.planner.cache import kv_caches, recurrent_bytes
 from homelab.planner.compute import model_compute_bytes
-from homelab.planner.dryrun import DryRunResult, context_params, parse_log
+from homelab.planner.dryrun import DryRunResult, parse_log
 from homelab.planner.geometry import cache_geometry
 from homelab.planner.placement import layer_devices, weight_table
 from homelab.settings import Settings
@@ -41,40 +42,33 @@ SWA_ARCHS = {"gemma3"}
 @dataclass
 class Loaded:
     info: ModelInfo
-    handle: Any
-    load_log: str
+    model: Model
+
+    @property
+    def load_log(self) -> str:
+        return self.model.load_log
 
 
 @pytest.fixture(scope="module")
 def loaded(demo_model: Callable[..., Path]) -> Iterator[Callable[[str, str], Loaded]]:
     """``loaded(arch, quant)``: the tiny model, really loaded, once per module."""
-    lib = llama()
     cache: dict[tuple[str, str], Loaded] = {}
 
     def get(arch: str, quant: str = "F16") -> Loaded:
         if (arch, quant) not in cache:
             path = demo_model(arch, "tiny", quant)
-            with capture_log() as lines:
-                handle = lib.llama_model_load_from_file(
-                    str(path).encode(), lib.llama_model_default_params()
-                )
-            assert handle, f"llama.cpp could not load {path}"
-            cache[arch, quant] = Loaded(read_model(path), handle, joined(lines))
+            cache[arch, quant] = Loaded(read_model(path), Model.load(path))
         return cache[arch, quant]
 
     yield get
     for item in cache.values():
-        lib.llama_model_free(item.handle)
+        item.model.close()
 
 
 def create_context(loaded: Loaded, settings: Settings) -> DryRunResult:
     """Create (and free) a real context; what llama.cpp logged about its buffers."""
-    lib = llama()
-    with capture_log() as lines:
-        context = lib.llama_init_from_model(loaded.handle, context_params(lib, settings))
-    assert context, f"context creation failed: {joined(lines)[-300:]}"
-    lib.llama_free(context)
-    return parse_log(joined(lines))
+    with Context.create(loaded.model, ContextParams.from_settings(settings)) as context:
+        return parse_log(context.creation_log)
 
 
 def planned_settings(kv: str, slots: int, n_ctx: int, swa_full: bool = False) -> Settings:

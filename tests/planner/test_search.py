@@ -14,6 +14,7 @@ from planner_helpers import cpu_hardware, profile_hardware, vram_hardware
 from homelab.errors import PlanError
 from homelab.gguf.catalogue import find_model
 from homelab.gguf.reader import read_model
+from homelab.models.ref import resolve
 from homelab.planner.budget import Hardware
 from homelab.planner.memory import MemoryModel
 from homelab.planner.plan import Plan, plan_model
@@ -22,7 +23,8 @@ from homelab.settings import Settings
 
 
 def plan(model: str, hardware: Hardware, **request: object) -> Plan:
-    return plan_model(model, hardware, PlanRequest(**request), verify=False)  # type: ignore[arg-type]
+    variants = resolve(model).variants()
+    return plan_model(variants, hardware, PlanRequest(**request), verify=False)  # type: ignore[arg-type]
 
 
 def fits(model_slug: str, quant: str, settings: Settings, hardware: Hardware) -> bool:

@@ -13,9 +13,9 @@ import pytest
 from server_helpers import ALICE_KEY, BOB_KEY, MODEL_ID, N_CTX_PER_SLOT, N_SLOTS, make_keys
 
 from homelab.engine.engine import Engine
-from homelab.settings import Settings
 from homelab.server.config import ServerConfig
 from homelab.server.runner import ServerHandle, start_server
+from homelab.settings import Settings
 
 
 @pytest.fixture(scope="session")

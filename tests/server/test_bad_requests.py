@@ -1,21 +1,40 @@
 """Malformed and hostile requests: each gets the exact status and OpenAI error envelope, and
-the server keeps serving afterwards."""
+the server keeps serving afterwards.
+
+Two tiers: every case of the table runs in-process against a fake engine
+(``httpx.ASGITransport``, no sockets, no model: see fake_engine.py), and the cases marked
+``live`` also run against the real server and engine of the session, so the fast tier cannot
+drift from what llama.cpp really does (vocabulary, template, context, grammar).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from server_helpers import ALICE_KEY, MODEL_ID, N_CTX_PER_SLOT, alice_headers, assert_still_serving
+from fake_engine import FakeEngine
+from fastapi import FastAPI
+from server_helpers import (
+    ALICE_KEY,
+    MODEL_ID,
+    N_CTX_PER_SLOT,
+    alice_headers,
+    assert_still_serving,
+    make_keys,
+)
 
 from homelab.engine.engine import Engine
+from homelab.gguf.reader import read_model
+from homelab.server.app import create_app
 from homelab.server.auth import KeyRing, Tenant, TenantLimits
 from homelab.server.config import ServerConfig
 from homelab.server.runner import ServerHandle, start_server
@@ -44,6 +63,7 @@ class Case:
     method: str = "POST"
     headers: dict[str, str] = field(default_factory=alice_headers)
     query: str = ""
+    live: bool = False  # also run against the real server (engine-dependent, or one per kind)
 
 
 def chat(**fields: Any) -> dict[str, Any]:
@@ -69,7 +89,7 @@ FAR_TOO_LONG = "the cache " * (N_CTX_PER_SLOT * 4)
 
 CASES = [
     # --- the body itself
-    Case("bad json", 400, None, "invalid_json", raw=b'{"model": "tiny", "messages": ['),
+    Case("bad json", 400, None, "invalid_json", raw=b'{"model": "tiny", "messages": [', live=True),
     Case("empty body", 400, None, "invalid_json", raw=b""),
     Case("not utf-8", 400, None, "invalid_json", raw=b"\xff\xfe{}"),
     Case("array body", 400, None, "invalid_body", body=[]),
@@ -83,7 +103,12 @@ CASES = [
     ),
     # --- messages
     Case(
-        "missing messages", 400, "messages", "missing_required_parameter", body={"model": MODEL_ID}
+        "missing messages",
+        400,
+        "messages",
+        "missing_required_parameter",
+        body={"model": MODEL_ID},
+        live=True,
     ),
     Case("missing model", 400, "model", "missing_required_parameter", body={"messages": USER}),
     Case("empty messages", 400, "messages", "invalid_value", body=chat(messages=[])),
@@ -129,6 +154,7 @@ CASES = [
         "temperature",
         "invalid_value",
         raw=json.dumps(chat(temperature=0.5)).replace("0.5", "NaN").encode(),
+        live=True,
     ),
     Case("top_p zero", 400, "top_p", "invalid_value", body=chat(top_p=0)),
     Case("top_p above one", 400, "top_p", "invalid_value", body=chat(top_p=1.5)),
@@ -155,6 +181,22 @@ CASES = [
     Case("seed is a string", 400, "seed", "invalid_value", body=chat(seed="42")),
     Case("stream is a string", 400, "stream", "invalid_value", body=chat(stream="yes")),
     Case(
+        "stream_options without stream",
+        400,
+        "stream_options",
+        "invalid_value",
+        body=chat(stream_options={"include_usage": True}),
+        live=True,
+    ),
+    Case(
+        "stream_options with stream false",
+        400,
+        "stream_options",
+        "invalid_value",
+        path=TEXT,
+        body=text(stream=False, stream_options={"include_usage": False}),
+    ),
+    Case(
         "logit_bias negative id",
         400,
         "logit_bias",
@@ -167,6 +209,7 @@ CASES = [
         "logit_bias",
         "invalid_value",
         body=chat(logit_bias={"999999": 5}),
+        live=True,
     ),
     Case(
         "logit_bias word key",
@@ -222,6 +265,7 @@ CASES = [
                 "json_schema": {"name": "x", "schema": nested(40)},
             }
         ),
+        live=True,
     ),
     Case(
         "huge json schema",
@@ -251,6 +295,7 @@ CASES = [
             tools=[{"type": "function", "function": {"name": "a"}}],
             tool_choice={"type": "function", "function": {"name": "b"}},
         ),
+        live=True,
     ),
     Case(
         "tool_choice nonsense",
@@ -266,6 +311,7 @@ CASES = [
         "messages",
         "context_length_exceeded",
         body=chat(messages=[{"role": "user", "content": FAR_TOO_LONG}]),
+        live=True,
     ),
     Case(
         "prompt plus max_tokens beyond context",
@@ -273,9 +319,10 @@ CASES = [
         "messages",
         "context_length_exceeded",
         body=chat(
-            messages=[{"role": "user", "content": "the cache " * 100}],
+            messages=[{"role": "user", "content": "the cache " * 10}],
             max_tokens=N_CTX_PER_SLOT - 10,
         ),
+        live=True,
     ),
     Case(
         "completion prompt far beyond context",
@@ -284,6 +331,7 @@ CASES = [
         "context_length_exceeded",
         path=TEXT,
         body=text(prompt=FAR_TOO_LONG),
+        live=True,
     ),
     # --- text completions
     Case("empty prompt list", 400, "prompt", "invalid_value", path=TEXT, body=text(prompt=[])),
@@ -294,6 +342,7 @@ CASES = [
         "invalid_value",
         path=TEXT,
         body=text(prompt=[1, 999999]),
+        live=True,
     ),
     Case(
         "prompt token negative",
@@ -316,7 +365,7 @@ CASES = [
         body=text(echo=True, logprobs=2),
     ),
     # --- who and where
-    Case("no authorization", 401, None, "invalid_api_key", body=chat(), headers={}),
+    Case("no authorization", 401, None, "invalid_api_key", body=chat(), headers={}, live=True),
     Case(
         "basic auth scheme",
         401,
@@ -365,21 +414,34 @@ CASES = [
         "invalid_api_key",
         body=chat(),
         query=f"?api_key={ALICE_KEY}",
+        live=True,
     ),
-    Case("unknown model", 404, "model", "model_not_found", body=chat(model="gpt-4o")),
-    Case("unknown route", 404, None, "unknown_route", path="/v1/engines", body=chat()),
-    Case("wrong method", 405, None, "method_not_allowed", method="GET"),
+    Case("unknown model", 404, "model", "model_not_found", body=chat(model="gpt-4o"), live=True),
+    Case("unknown route", 404, None, "unknown_route", path="/v1/engines", body=chat(), live=True),
+    Case("wrong method", 405, None, "method_not_allowed", method="GET", live=True),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_bad_request_gets_exact_error(case: Case, http: httpx.Client) -> None:
+LIVE_CASES = [case for case in CASES if case.live]
+
+
+@pytest.fixture(scope="module")
+def fast_app(demo_model: Callable[..., Path]) -> FastAPI:
+    """The app over a fake engine, configured like the session's real server."""
+    engine = FakeEngine(read_model(demo_model("llama")), N_CTX_PER_SLOT)
+    config = ServerConfig(model_id=MODEL_ID, keys=make_keys(), default_max_tokens=32)
+    return create_app(lambda: engine, config)
+
+
+def _request(case: Case) -> dict[str, Any]:
     content = case.raw if case.raw is not None else json.dumps(case.body).encode()
     headers = {"Content-Type": "application/json", **case.headers}
     if case.method == "GET":
-        response = http.get(case.path + case.query, headers=headers)
-    else:
-        response = http.post(case.path + case.query, content=content, headers=headers)
+        return {"method": "GET", "url": case.path + case.query, "headers": headers}
+    return {"method": "POST", "url": case.path + case.query, "content": content, "headers": headers}
+
+
+def assert_exact_error(case: Case, response: httpx.Response) -> None:
     assert response.status_code == case.status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -389,8 +451,67 @@ def test_bad_request_gets_exact_error(case: Case, http: httpx.Client) -> None:
     assert ALICE_KEY not in error["message"]
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+async def test_bad_request_gets_exact_error(case: Case, fast_app: FastAPI) -> None:
+    transport = httpx.ASGITransport(fast_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        response = await client.request(**_request(case))
+    assert_exact_error(case, response)
+
+
+@pytest.mark.parametrize("case", LIVE_CASES, ids=[c.name for c in LIVE_CASES])
+def test_real_server_gives_the_same_errors(case: Case, http: httpx.Client) -> None:
+    assert_exact_error(case, http.request(**_request(case)))
+
+
+def test_fast_tier_answers_well_formed_requests_too(fast_app: FastAPI) -> None:
+    """The fake engine generates, so the fast tier also sees a 200 through the same routes."""
+
+    async def ask() -> httpx.Response:
+        transport = httpx.ASGITransport(fast_app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            return await client.post(CHAT, json=chat(max_tokens=3), headers=alice_headers())
+
+    response = asyncio.run(ask())
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
 def test_table_is_big_enough() -> None:
     assert len(CASES) >= 30
+    assert 10 <= len(LIVE_CASES) < len(CASES) // 2
+
+
+def test_a_million_token_prompt_is_refused_in_under_a_second(engine: Engine) -> None:
+    """Refused before llama.cpp tokenizes it whole (that grows with the square of its special
+    tokens): the same 400 as any prompt beyond the context, whatever the prompt's size."""
+    text_prompt = "the cache " * 250_000  # 2.5 MB: about a million tokens of this vocabulary
+    many_turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "the cache " * 4}
+        for i in range(40_000)
+    ]  # where tokenizing is quadratic: two special tokens per message
+    app = create_app(lambda: engine, ServerConfig(model_id=MODEL_ID, max_body_bytes=64 << 20))
+    requests = [
+        (CHAT, chat(messages=[{"role": "user", "content": text_prompt}])),
+        (TEXT, text(prompt=text_prompt)),
+        (CHAT, chat(messages=many_turns)),
+    ]
+
+    async def ask(path: str, body: dict[str, Any]) -> tuple[httpx.Response, float]:
+        transport = httpx.ASGITransport(app)
+        content = json.dumps(body).encode()
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            started = time.perf_counter()
+            response = await client.post(path, content=content, headers={"Content-Type": "json"})
+            return response, time.perf_counter() - started
+
+    for path, body in requests:
+        response, elapsed_s = asyncio.run(ask(path, body))
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("messages", "context_length_exceeded")
+        assert f"context per request is {N_CTX_PER_SLOT} tokens" in error["message"]
+        assert elapsed_s < 1.0, f"{path}: {elapsed_s:.2f} s to refuse"
 
 
 def test_server_still_serves_after_the_table(http: httpx.Client) -> None:

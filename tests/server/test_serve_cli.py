@@ -19,8 +19,8 @@ import openai
 import pytest
 
 from homelab.cli import main
+from homelab.cli.serve import _keys_for
 from homelab.server.auth import default_keys_path, load_keys
-from homelab.server.cli import _keys_for
 
 
 @pytest.fixture(autouse=True)

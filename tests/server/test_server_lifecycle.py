@@ -13,10 +13,10 @@ import pytest
 from server_helpers import ADMIN_KEY, ALICE_KEY, MODEL_ID, make_keys
 
 from homelab.engine.engine import Engine
-from homelab.settings import Settings
 from homelab.server.config import ServerConfig
 from homelab.server.middleware import RequestRecord
 from homelab.server.runner import EngineHolder, ServerHandle, start_server
+from homelab.settings import Settings
 
 CHAT = "/v1/chat/completions"
 NO_END = {"2": -100, "4": -100}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from homelab.lock import refuse_if_server_running, running_server
 from homelab.errors import BenchError
+from homelab.lock import refuse_if_server_running, running_server
 from homelab.server.runner import start_server
 
 

@@ -14,9 +14,9 @@ from server_helpers import ALICE_KEY, MODEL_ID, make_keys
 
 from homelab.engine.engine import Engine
 from homelab.gguf import vocab
-from homelab.settings import Settings
 from homelab.server.config import ServerConfig
 from homelab.server.runner import start_server
+from homelab.settings import Settings
 
 WEATHER = {
     "type": "function",

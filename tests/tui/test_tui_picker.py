@@ -50,8 +50,8 @@ def test_the_first_local_model_is_the_default(model_folder: Path) -> None:
 
 
 async def badges_shown(app: HomelabApp, pilot: Pilot[None]) -> ModelPicker:
-    await wait_until(pilot, lambda: app.plan is not None, "the first plan")
-    await pilot.press("m")
+    await wait_until(pilot, lambda: app.plans.plan is not None, "the first plan")
+    await pilot.press("ctrl+o")  # works wherever the focus is (on a wide screen: the prompt)
     picker = app.screen
     assert isinstance(picker, ModelPicker)
     await wait_until(
@@ -83,12 +83,14 @@ async def test_filter_and_pick_a_model_replans(cpu_machine: FakeHardware) -> Non
         picker.query_one("#picker-filter", Input).value = "qwen3 8b"
         await pilot.pause()
         assert picker.query_one(DataTable).row_count == 1
-        first_plan = app.plan
+        first_plan = app.plans.plan
         await pilot.press("enter")
         assert not isinstance(app.screen, ModelPicker)
-        assert app.choice is not None and app.choice.label == "Qwen3 8B"
-        await wait_until(pilot, lambda: app.plan is not first_plan, "the new plan")
-        assert app.plan.model_name.lower().startswith("qwen3")
+        choice = app.plans.choice
+        assert choice is not None and choice.label == "Qwen3 8B"
+        await wait_until(pilot, lambda: app.plans.plan is not first_plan, "the new plan")
+        plan = app.plans.plan
+        assert plan is not None and plan.model_name.lower().startswith("qwen3")
         await pilot.press("l")  # a catalogue model is not on disk: say how to get it
         await pilot.pause()
         assert "homelab pull" in str(app.screen.error)  # type: ignore[attr-defined]
@@ -140,15 +142,16 @@ async def test_download_from_the_picker_then_plan_the_local_copy(
             pilot,
             lambda: (
                 isinstance(app.screen, ErrorScreen)
-                or (app.choice is not None and app.choice.kind == "local")
+                or (app.plans.choice is not None and app.plans.choice.label.startswith(repo_id))
             ),
             "the pull",
         )
         assert not isinstance(app.screen, ErrorScreen), app.screen.error  # type: ignore[attr-defined]
         assert not isinstance(app.screen, ModelPicker)
         # the real pull fetched the planned quant's file into the Hugging Face cache…
-        assert app.choice.label == f"{repo_id}:{quant}"
-        path = app.choice.path
+        choice = app.plans.choice
+        assert choice is not None and choice.label == f"{repo_id}:{quant}"
+        path = choice.path
         assert path is not None and path.name == f"phi-4-{quant}.gguf"
         assert path.resolve().is_relative_to(hub_env)
         assert path.read_bytes() == lone_demo_model.read_bytes()
@@ -159,6 +162,6 @@ async def test_download_from_the_picker_then_plan_the_local_copy(
         assert shown[-1] == (path.name, size_bytes, size_bytes)
         await wait_until(
             pilot,
-            lambda: app.plan is not None and app.plan.model_source == str(app.choice.path),
+            lambda: app.plans.plan is not None and app.plans.plan.model_source == str(path),
             "plan",
         )

@@ -5,13 +5,14 @@ from __future__ import annotations
 from homelab.bench.quality import QualityConfig, measure_quality, read_text
 from homelab.bench.store import quality_file, save_quality
 from homelab.gguf.demo import demo_ref_path
+from homelab.gguf.reader import read_model
 from homelab.planner.budget import resolve_hardware
 from homelab.planner.plan import plan_model
 from homelab.tui.plan_view import plan_view
 
 
 def test_plan_view_shows_the_last_quality_result_of_the_model() -> None:
-    plan = plan_model("demo", resolve_hardware(), verify=False)
+    plan = plan_model(read_model(demo_ref_path("demo")), resolve_hardware(), verify=False)
     quality_file(plan.model_name).unlink(missing_ok=True)  # other tests may have measured it
     assert plan_view(plan).quality == ""  # nothing measured yet in this HOMELAB_HOME
 

@@ -1,8 +1,13 @@
-"""The dashboard shell: hardware panel, pages on a small terminal, help, palette, errors."""
+"""The dashboard shell: hardware panel, pages on a small terminal, focus and keys, help,
+palette, errors."""
 
 from __future__ import annotations
 
-from textual.widgets import Static
+import time
+
+from textual.pilot import Pilot
+from textual.widgets import Input, Static
+from textual.widgets.input import Selection
 from tui_fakes import FakeHardware
 
 from homelab.errors import HomelabError
@@ -12,10 +17,16 @@ from homelab.tui.screens.help import HelpScreen
 from homelab.tui.widgets.hardware import GpuView, HardwarePanel
 
 
-async def wait_for_hardware(app: HomelabApp, pilot: object) -> HardwarePanel:
-    await app.workers.wait_for_complete()
-    await pilot.pause()  # type: ignore[attr-defined]
-    return app.screen.query_one(HardwarePanel)
+async def wait_for_hardware(app: HomelabApp, pilot: Pilot[None]) -> HardwarePanel:
+    """Poll (the 1 Hz sampling workers replace one another, so waiting for every worker to
+    complete can meet a cancelled one)."""
+    panel = app.screen.query_one(HardwarePanel)
+    deadline = time.monotonic() + 60
+    while panel.report is None:
+        assert time.monotonic() < deadline, "timed out waiting for the hardware report"
+        await pilot.pause(0.05)
+    await pilot.pause()
+    return panel
 
 
 def text_of(widget: Static) -> str:
@@ -54,10 +65,19 @@ async def test_small_terminal_shows_one_page_at_a_time(cpu_machine: FakeHardware
         screen = app.screen
         assert screen.has_class("-narrow")
         assert screen.query_one("#hardware").display and not screen.query_one("#chat").display
-        await pilot.press("3")
+        assert app.focused is None  # the prompt is on another page: it must not take text
+        await pilot.press("3")  # the chat page: typing goes to the prompt
         assert screen.query_one("#chat").display and not screen.query_one("#hardware").display
+        prompt = screen.query_one("#prompt", Input)
+        assert app.focused is prompt
+        await pilot.press("escape")  # leave the box: letters are keys again
+        assert app.focused is None
         await pilot.press("i")
-        assert app.focused is not None and app.focused.id == "prompt"
+        assert app.focused is prompt
+        await pilot.press("1")  # typed, not a page switch
+        assert prompt.value == "1" and screen.query_one("#chat").display
+        await pilot.press("escape", "1")
+        assert screen.query_one("#hardware").display and not screen.query_one("#chat").display
 
 
 async def test_wide_terminal_shows_every_panel(cpu_machine: FakeHardware) -> None:
@@ -67,6 +87,29 @@ async def test_wide_terminal_shows_every_panel(cpu_machine: FakeHardware) -> Non
         assert not app.screen.has_class("-narrow")
         for panel in ("hardware", "live", "plan", "chat", "server"):
             assert app.screen.query_one(f"#{panel}").display
+        assert app.focused is app.screen.query_one("#prompt")  # the chat is shown: type at once
+        await pilot.resize_terminal(80, 24)  # now on pages, the chat's is not shown…
+        await pilot.pause()
+        assert not app.screen.query_one("#chat").display
+        assert app.focused is None  # …and a hidden prompt must not keep the focus
+
+
+async def test_keys_for_while_typing_leave_the_text_alone(cpu_machine: FakeHardware) -> None:
+    """In the prompt, letters are text; F1 still opens the help, and ctrl+x (cancel, while an
+    answer streams) is the prompt's own "cut" when nothing is being answered."""
+    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        prompt = app.screen.query_one("#prompt", Input)
+        assert app.focused is prompt
+        await pilot.press(*"lsq?")
+        assert prompt.value == "lsq?" and app.is_running and app.live.engine is None
+        prompt.selection = Selection(0, 2)
+        await pilot.press("ctrl+x")
+        assert prompt.value == "q?" and app.clipboard == "ls"
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert app.focused is prompt  # back where the typing was
 
 
 async def test_help_opens_and_closes(cpu_machine: FakeHardware) -> None:

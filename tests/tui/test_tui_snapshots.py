@@ -28,7 +28,7 @@ def settled(page_keys: tuple[str, ...] = ()) -> Callable[[Pilot[None]], Awaitabl
         app = pilot.app
         assert isinstance(app, HomelabApp)
         deadline = time.monotonic() + 60
-        while app.plan is None and time.monotonic() < deadline:
+        while app.plans.plan is None and time.monotonic() < deadline:
             await pilot.pause(0.05)
         await app.workers.wait_for_complete()
         await pilot.pause()

@@ -26,27 +26,39 @@ Runs a large language model on this machine with llama.cpp: it **plans** how the
   before anything is loaded. *Context reachable* is the longest context per slot with
   f16, q8_0 or q4_0 KV cache.
 - **Live run** — decode and prefill tokens/s, time to first token, slots, queue, KV cells.
-- **Chat** — type a prompt, Enter sends it, Esc (or ctrl+x) cancels the answer.
+- **Chat** — type a prompt, Enter sends it, Esc (or ctrl+x) cancels the answer. Whenever the
+  chat is on screen at start, or its page is opened, the prompt has the focus: what you type
+  goes to the model. Esc leaves the box.
 - **Server** — starts the OpenAI endpoint; the log shows status, tenant, tokens and tok/s
   (never prompt text).
 
 ## Keys
 
+These work anywhere, also while you type in the prompt:
+
 | key | action |
 |-----|--------|
-| `m` | pick a model (local files, catalogue, demo) |
-| `l` | load the planned model (again: unload) |
-| `i` | write a prompt |
-| `esc`, `ctrl+x` | cancel the answer being generated |
-| `s` | start / stop the server |
-| `k` / `c` / `p` | cycle KV type / context / slots |
-| `1`–`4` | pages on a small terminal: overview, plan, chat, server |
+| `ctrl+o` | pick a model (local files, catalogue, demo) |
+| `ctrl+l` | load the planned model (again: unload) |
+| `ctrl+s` | start / stop the server |
+| `ctrl+x` (in the prompt: `esc` too) | cancel the answer being generated |
 | `ctrl+p` | command palette (every action) |
-| `?` | this help |
-| `q` | quit |
+| `F1` | this help |
+| `ctrl+q` | quit |
+
+Outside the prompt (after Esc), single letters work too:
+
+| key | action |
+|-----|--------|
+| `m` / `l` / `s` | pick a model / load / server, as above |
+| `i` | write a prompt |
+| `k` / `c` / `p` | cycle KV type / context / slots |
+| `r` | re-detect the hardware |
+| `1`–`4` | pages on a small terminal: overview, plan, chat (its prompt takes the keys), server |
+| `?` / `q` | this help / quit |
 
 A **demo model** has random weights: it runs for real on llama.cpp, so tokens/s are real,
-but its answers are gibberish. Pick a real model with `m`, or `homelab pull`.
+but its answers are gibberish. Pick a real model with `ctrl+o`, or `homelab pull`.
 """
 
 

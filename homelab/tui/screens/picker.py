@@ -10,11 +10,11 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, ProgressBar, Static
 
 from homelab.tui.format import human_bytes
+from homelab.tui.messages import DownloadRequested
 from homelab.tui.services import FitBadge, ModelChoice
 
 COLUMNS = ("model", "size", "where", "fit on this machine")
@@ -41,57 +41,56 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
     ModelPicker #pull-label { height: 1; }
     """
 
-    class DownloadRequested(Message):
-        def __init__(self, choice: ModelChoice, quant: str | None) -> None:
-            super().__init__()
-            self.choice = choice
-            self.quant = quant
-
     def __init__(self, current: ModelChoice | None = None) -> None:
         super().__init__()
         self.current = current
         self.choices: list[ModelChoice] = []
         self.badges: dict[str, FitBadge] = {}
+        self.filter = Input(placeholder="filter by name…", id="picker-filter", compact=True)
+        self.table: DataTable[Text] = DataTable(id="picker-table", cursor_type="row")
+        self.hint = Static("listing models…", id="picker-hint")
+        self.pull = Vertical(id="pull")
+        self.pull_label = Static(id="pull-label")
+        self.pull_bar = ProgressBar(id="pull-bar", show_eta=False)
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
             box.border_title = "Pick a model"
             box.border_subtitle = "enter: use · d: download · esc: close"
-            yield Input(placeholder="filter by name…", id="picker-filter", compact=True)
-            table: DataTable[Text] = DataTable(id="picker-table", cursor_type="row")
-            for column in COLUMNS:
-                table.add_column(column, key=column)
-            yield table
-            yield Static("listing models…", id="picker-hint")
-            with Vertical(id="pull"):
-                yield Static(id="pull-label")
-                yield ProgressBar(id="pull-bar", show_eta=False)
+            yield self.filter
+            if not self.table.columns:  # (a DataTable measures labels with the running app)
+                for column in COLUMNS:
+                    self.table.add_column(column, key=column)
+            yield self.table
+            yield self.hint
+            with self.pull:
+                yield self.pull_label
+                yield self.pull_bar
 
     def on_mount(self) -> None:
-        self.query_one(DataTable).focus()
+        self.table.focus()
 
     def show_choices(self, choices: list[ModelChoice]) -> None:
         self.choices = choices
         self._fill()
         hint = f"{len(choices)} models · fit badges are computed by the planner for this machine"
-        self.query_one("#picker-hint", Static).update(hint)
+        self.hint.update(hint)
 
     def show_badge(self, choice: ModelChoice, badge: FitBadge) -> None:
         self.badges[choice.ref] = badge
-        table = self.query_one(DataTable)
-        if choice.ref in table.rows:
-            table.update_cell(choice.ref, "fit on this machine", badge_text(badge))
+        if choice.ref in self.table.rows:
+            self.table.update_cell(choice.ref, "fit on this machine", badge_text(badge))
 
     @on(Input.Changed, "#picker-filter")
     def _filter(self) -> None:
         self._fill()
 
     def _visible(self) -> list[ModelChoice]:
-        wanted = self.query_one("#picker-filter", Input).value.strip().lower()
+        wanted = self.filter.value.strip().lower()
         return [c for c in self.choices if wanted in f"{c.label} {c.detail} {c.ref}".lower()]
 
     def _fill(self) -> None:
-        table = self.query_one(DataTable)
+        table = self.table
         table.clear()
         for choice in self._visible():
             badge = self.badges.get(choice.ref)
@@ -104,7 +103,7 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
             )
 
     def highlighted(self) -> ModelChoice | None:
-        table = self.query_one(DataTable)
+        table = self.table
         if table.row_count == 0:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
@@ -123,16 +122,14 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
             self.notify(f"{choice.label} is already on this machine.", title="Nothing to download")
             return
         badge = self.badges.get(choice.ref)
-        self.post_message(self.DownloadRequested(choice, badge.quant if badge else None))
+        self.post_message(DownloadRequested(choice, badge.quant if badge else None))
 
     def show_progress(self, label: str, done_bytes: int, total_bytes: int) -> None:
-        self.query_one("#pull").add_class("-active")
-        self.query_one("#pull-label", Static).update(
+        self.pull.add_class("-active")
+        self.pull_label.update(
             f"Downloading {escape(label)}: {human_bytes(done_bytes)} of {human_bytes(total_bytes)}"
         )
-        self.query_one("#pull-bar", ProgressBar).update(
-            total=max(total_bytes, 1), progress=done_bytes
-        )
+        self.pull_bar.update(total=max(total_bytes, 1), progress=done_bytes)
 
     def action_dismiss_none(self) -> None:
         self.dismiss(None)

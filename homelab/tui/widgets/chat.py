@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
-from textual.message import Message
 from textual.widgets import Input, Static
 
 from homelab.tui.format import HIDDEN, rate, seconds
+from homelab.tui.messages import CancelRequested, PromptSubmitted
+
+if TYPE_CHECKING:
+    from homelab.engine.api import RequestStats
 
 
 class ChatMessage(Static):
@@ -37,7 +40,7 @@ class ChatMessage(Static):
 
 
 class ChatPanel(Vertical):
-    """Posts :class:`ChatPanel.PromptSubmitted`; the app streams the answer back into it."""
+    """Posts :class:`PromptSubmitted`; the app streams the answer back into it."""
 
     DEFAULT_CSS = """
     ChatPanel #transcript { height: 1fr; }
@@ -45,35 +48,29 @@ class ChatPanel(Vertical):
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "Cancel / leave")]
 
-    class PromptSubmitted(Message):
-        def __init__(self, prompt: str) -> None:
-            super().__init__()
-            self.prompt = prompt
-
-    class CancelRequested(Message):
-        pass
-
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.border_title = "Chat"
         self.history: list[dict[str, str]] = []  # role/content turns handed to the chat template
         self.streaming: ChatMessage | None = None
+        self.transcript = VerticalScroll(id="transcript")
+        self.prompt = Input(placeholder="Ask the model…  (Enter sends, Esc cancels)", id="prompt")
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="transcript"):
+        with self.transcript:
             yield ChatMessage("note", "Type a prompt and press Enter. Esc cancels an answer.")
-        yield Input(placeholder="Ask the model…  (Enter sends, Esc cancels)", id="prompt")
+        yield self.prompt
 
     @on(Input.Submitted, "#prompt")
     def _submitted(self, event: Input.Submitted) -> None:
         prompt = event.value.strip()
         if prompt:
             event.input.clear()
-            self.post_message(self.PromptSubmitted(prompt))
+            self.post_message(PromptSubmitted(prompt))
 
     def action_cancel(self) -> None:
         if self.streaming is not None:
-            self.post_message(self.CancelRequested())
+            self.post_message(CancelRequested())
         else:
             self.screen.set_focus(None)
 
@@ -81,16 +78,15 @@ class ChatPanel(Vertical):
         self.history.append({"role": "user", "content": prompt})
         self.streaming = ChatMessage("assistant")
         self.streaming.add_class("-streaming")
-        transcript = self.query_one("#transcript", VerticalScroll)
-        await transcript.mount_all([ChatMessage("user", prompt), self.streaming])
-        transcript.scroll_end(animate=False)
+        await self.transcript.mount_all([ChatMessage("user", prompt), self.streaming])
+        self.transcript.scroll_end(animate=False)
 
     def stream(self, text: str) -> None:
         if self.streaming is not None and text:
             self.streaming.append(text)
-            self.query_one("#transcript", VerticalScroll).scroll_end(animate=False)
+            self.transcript.scroll_end(animate=False)
 
-    def finish_answer(self, reason: str, stats: object, *, frozen: bool) -> None:
+    def finish_answer(self, reason: str, stats: RequestStats | None, *, frozen: bool) -> None:
         message, self.streaming = self.streaming, None
         if message is None:
             return
@@ -100,15 +96,14 @@ class ChatPanel(Vertical):
         message.append(f"\n— {footer}")
 
     async def add_note(self, text: str) -> None:
-        transcript = self.query_one("#transcript", VerticalScroll)
-        await transcript.mount(ChatMessage("note", text))
-        transcript.scroll_end(animate=False)
+        await self.transcript.mount(ChatMessage("note", text))
+        self.transcript.scroll_end(animate=False)
 
 
-def answer_footer(reason: str, stats: object, *, frozen: bool) -> str:
-    tokens = getattr(stats, "completion_tokens", 0)
-    decode = HIDDEN if frozen else rate(getattr(stats, "decode_tok_s", None))
-    ttft = HIDDEN if frozen else seconds(getattr(stats, "ttft_s", None))
+def answer_footer(reason: str, stats: RequestStats | None, *, frozen: bool) -> str:
+    tokens = 0 if stats is None else stats.completion_tokens
+    decode = HIDDEN if frozen else rate(None if stats is None else stats.decode_tok_s)
+    ttft = HIDDEN if frozen else seconds(None if stats is None else stats.ttft_s)
     ending = {"stop": "done", "length": "hit max tokens", "cancelled": "cancelled"}.get(
         reason, reason
     )

@@ -61,21 +61,24 @@ class GpuView(Vertical):
     def __init__(self, gpu: GpuInfo) -> None:
         super().__init__(id=f"gpu-{gpu.index}")
         self.gpu = gpu
+        self.title = Static(classes="gpu-title")
+        self.bar = StackedBar(classes="vram-bar")
+        self.legend = Static(classes="legend")
 
     def compose(self) -> ComposeResult:
-        yield Static(classes="gpu-title")
-        yield StackedBar(classes="vram-bar")
-        yield Static(classes="legend")
+        yield self.title
+        yield self.bar
+        yield self.legend
 
     def show(self, snapshot: GpuSnapshot, *, frozen: bool) -> None:
         total = human_bytes(snapshot.memory_total_bytes)
         unified = " (unified with RAM)" if snapshot.unified_memory else ""
-        self.query_one(".gpu-title", Static).update(
+        self.title.update(
             f"[b]GPU {self.gpu.index}[/b] {escape(self.gpu.name)} · {total}{unified}  "
             f"[dim]{sensors_line(snapshot, frozen=frozen)}[/]"
         )
-        self.query_one(StackedBar).update(vram_segments(snapshot))
-        self.query_one(".legend", Static).update(vram_legend(snapshot))
+        self.bar.update(vram_segments(snapshot))
+        self.legend.update(vram_legend(snapshot))
 
 
 class HardwarePanel(Vertical):
@@ -91,38 +94,45 @@ class HardwarePanel(Vertical):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.border_title = "Hardware"
         self.report: HardwareReport | None = None
+        self.gpus = Vertical(id="gpus")
+        self.gpu_views: dict[int, GpuView] = {}  # by GPU index
+        self.no_gpu = Static("detecting hardware…", id="no-gpu")
+        self.host = Static(id="host")
+        self.ram_line = Static(id="ram-line")
+        self.ram_bar = StackedBar(id="ram-bar")
+        self.warnings = Static(id="hw-warnings")
 
     def compose(self) -> ComposeResult:
-        yield Vertical(id="gpus")
-        yield Static("detecting hardware…", id="no-gpu")
-        yield Static(id="host")
-        yield Static(id="ram-line")
-        yield StackedBar(id="ram-bar")
-        yield Static(id="hw-warnings")
+        yield self.gpus
+        yield self.no_gpu
+        yield self.host
+        yield self.ram_line
+        yield self.ram_bar
+        yield self.warnings
 
     async def show_report(self, report: HardwareReport) -> None:
         self.report = report
-        gpus = self.query_one("#gpus", Vertical)
-        await gpus.remove_children()
-        await gpus.mount_all([GpuView(gpu) for gpu in report.gpus])
-        self.query_one("#no-gpu", Static).update(no_gpu_text(report))
-        self.query_one("#no-gpu").display = not report.gpus
-        self.query_one("#host", Static).update(host_text(report))
-        self.query_one("#hw-warnings", Static).update(warnings_text(report))
+        await self.gpus.remove_children()
+        self.gpu_views = {gpu.index: GpuView(gpu) for gpu in report.gpus}
+        await self.gpus.mount_all(self.gpu_views.values())
+        self.no_gpu.update(no_gpu_text(report))
+        self.no_gpu.display = not report.gpus
+        self.host.update(host_text(report))
+        self.warnings.update(warnings_text(report))
         self.border_subtitle = build_text(report)
 
     def show_live(self, live: LiveHardware, *, frozen: bool) -> None:
         for snapshot in live.gpus:
-            for view in self.query(GpuView):
-                if view.gpu.index == snapshot.index:
-                    view.show(snapshot, frozen=frozen)
+            view = self.gpu_views.get(snapshot.index)
+            if view is not None:
+                view.show(snapshot, frozen=frozen)
         used = max(live.ram_total_bytes - live.ram_available_bytes, 0)
         cpu = HIDDEN if frozen or live.cpu_percent is None else f"{live.cpu_percent:.0f}%"
-        self.query_one("#ram-line", Static).update(
+        self.ram_line.update(
             f"[b]RAM[/b] {human_bytes(used)} used of {human_bytes(live.ram_total_bytes)} · "
             f"{human_bytes(live.ram_available_bytes)} available  [dim]CPU load {cpu}[/]"
         )
-        self.query_one("#ram-bar", StackedBar).update(
+        self.ram_bar.update(
             [
                 Segment("used", used, RAM_USED_STYLE),
                 Segment("available", live.ram_available_bytes, FREE_STYLE, LIGHT_SHADE),

@@ -13,7 +13,9 @@ from homelab.tui.format import HIDDEN, rate, seconds
 from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
 
 HISTORY_POINTS = 60
-NOT_LOADED = "No model loaded. Press [b]l[/b] to load it, or just ask in the chat (it loads first)."
+NOT_LOADED = (
+    "No model loaded. Press [b]ctrl+l[/b] to load it, or just ask in the chat (it loads first)."
+)
 KV_USED_STYLE = "#af87ff"
 KV_FREE_STYLE = "#4e4e4e"
 
@@ -32,17 +34,19 @@ class RateView(Horizontal):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.label = label
         self.history: deque[float] = deque(maxlen=HISTORY_POINTS)
+        self.value = Static("–", classes="rate-value")
+        self.sparkline = Sparkline([], summary_function=max)
 
     def compose(self) -> ComposeResult:
         yield Static(self.label, classes="rate-label")
-        yield Static("–", classes="rate-value")
-        yield Sparkline([], summary_function=max)
+        yield self.value
+        yield self.sparkline
 
     def push(self, value_tok_s: float, *, frozen: bool) -> None:
         self.history.append(value_tok_s)
         value = HIDDEN if frozen else rate(value_tok_s)
-        self.query_one(".rate-value", Static).update(f"{value} tok/s")
-        self.query_one(Sparkline).data = [] if frozen else list(self.history)
+        self.value.update(f"{value} tok/s")
+        self.sparkline.data = [] if frozen else list(self.history)
 
 
 class LivePanel(Vertical):
@@ -60,17 +64,23 @@ class LivePanel(Vertical):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.border_title = "Live run"
         self.latest: EngineMetrics | None = None
+        self.state = Static(NOT_LOADED, id="live-state")
+        self.decode = RateView("decode", id="decode-rate", classes="metric")
+        self.prefill = RateView("prefill", id="prefill-rate", classes="metric")
+        self.counts = Static(id="live-counts", classes="metric")
+        self.kv_line = Static(id="live-kv", classes="metric")
+        self.kv_bar = StackedBar(id="kv-bar", classes="metric")
 
     def compose(self) -> ComposeResult:
-        yield Static(NOT_LOADED, id="live-state")
-        yield RateView("decode", id="decode-rate", classes="metric")
-        yield RateView("prefill", id="prefill-rate", classes="metric")
-        yield Static(id="live-counts", classes="metric")
-        yield Static(id="live-kv", classes="metric")
-        yield StackedBar(id="kv-bar", classes="metric")
+        yield self.state
+        yield self.decode
+        yield self.prefill
+        yield self.counts
+        yield self.kv_line
+        yield self.kv_bar
 
     def show_state(self, text: str) -> None:
-        self.query_one("#live-state", Static).update(text)
+        self.state.update(text)
 
     def show_unloaded(self) -> None:
         self.latest = None
@@ -80,13 +90,13 @@ class LivePanel(Vertical):
     def show_metrics(self, metrics: EngineMetrics, *, frozen: bool) -> None:
         self.latest = metrics
         self.add_class("-running")
-        self.query_one("#decode-rate", RateView).push(metrics.decode_tok_s, frozen=frozen)
-        self.query_one("#prefill-rate", RateView).push(metrics.prefill_tok_s, frozen=frozen)
-        self.query_one("#live-counts", Static).update(counts_text(metrics, frozen=frozen))
-        self.query_one("#live-kv", Static).update(
+        self.decode.push(metrics.decode_tok_s, frozen=frozen)
+        self.prefill.push(metrics.prefill_tok_s, frozen=frozen)
+        self.counts.update(counts_text(metrics, frozen=frozen))
+        self.kv_line.update(
             f"[b]KV cells[/b] {metrics.kv_cells_used:,} of {metrics.kv_cells_total:,} used"
         )
-        self.query_one("#kv-bar", StackedBar).update(
+        self.kv_bar.update(
             [
                 Segment("used", metrics.kv_cells_used, KV_USED_STYLE),
                 Segment(

@@ -3,16 +3,19 @@ the capacity table and the planner's reasons."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rich.markup import escape
 from textual import on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.message import Message
 from textual.widgets import Label, Select, Static
 
 from homelab.tui.format import human_tokens
 from homelab.tui.knobs import AUTO, CONTEXT_CHOICES, KV_CHOICES, SLOT_CHOICES, Knobs
-from homelab.tui.plan_view import PlanView
+from homelab.tui.messages import KnobsChanged
+from homelab.tui.plan_view import DeviceView, PlanView
 from homelab.tui.widgets.bars import StackedBar
 
 KNOB_IDS = {
@@ -23,8 +26,10 @@ KNOB_IDS = {
 }
 
 
-def _options(values: tuple[object, ...], label: object = str) -> list[tuple[str, str]]:
-    return [("auto", AUTO), *((label(value), str(value)) for value in values)]  # type: ignore[operator]
+def _options(
+    values: tuple[object, ...], label: Callable[[Any], str] = str
+) -> list[tuple[str, str]]:
+    return [("auto", AUTO), *((label(value), str(value)) for value in values)]
 
 
 class Knob(Horizontal):
@@ -38,13 +43,13 @@ class Knob(Horizontal):
         super().__init__()
         self.label = label
         self.knob_name = name
-        self.options = options
+        self.select: Select[str] = Select(
+            options, value=AUTO, allow_blank=False, compact=True, id=KNOB_IDS[name]
+        )
 
     def compose(self) -> ComposeResult:
         yield Label(self.label)
-        yield Select(
-            self.options, value=AUTO, allow_blank=False, compact=True, id=KNOB_IDS[self.knob_name]
-        )
+        yield self.select
 
 
 class DeviceMemory(Vertical):
@@ -56,14 +61,25 @@ class DeviceMemory(Vertical):
     DeviceMemory .legend { color: $text-muted; }
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.title = Static(classes="device-title")
+        self.bar = StackedBar()
+        self.legend = Static(classes="legend")
+
     def compose(self) -> ComposeResult:
-        yield Static(classes="device-title")
-        yield StackedBar()
-        yield Static(classes="legend")
+        yield self.title
+        yield self.bar
+        yield self.legend
+
+    def show(self, device: DeviceView) -> None:
+        self.title.update(device.title)
+        self.bar.update(device.segments)
+        self.legend.update(device.legend)
 
 
 class PlanPanel(VerticalScroll):
-    """Shows a plan; posts :class:`PlanPanel.KnobsChanged` when a knob is turned."""
+    """Shows a plan; posts :class:`KnobsChanged` when a knob is turned."""
 
     DEFAULT_CSS = """
     PlanPanel #model-line { height: auto; }
@@ -80,38 +96,47 @@ class PlanPanel(VerticalScroll):
     PlanPanel .section { height: 1; color: $accent; text-style: bold; margin-top: 1; }
     """
 
-    class KnobsChanged(Message):
-        def __init__(self, knobs: Knobs) -> None:
-            super().__init__()
-            self.knobs = knobs
-
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.border_title = "Model & plan"
         self.knobs = Knobs()
         self.quants: tuple[str, ...] = ()
         self.view: PlanView | None = None  # what is on screen
-
-    def compose(self) -> ComposeResult:
-        yield Static("choosing a model…", id="model-line")
-        with Vertical(id="knobs"):
-            yield Knob("quant", "quant", _options(()))
-            yield Knob("KV", "kv_type", _options(KV_CHOICES))
-            yield Knob("context", "n_ctx_per_slot", _options(CONTEXT_CHOICES, human_tokens))
-            yield Knob("slots", "n_parallel", _options(SLOT_CHOICES))
-        yield Static(id="verdict")
-        yield Static(
-            "[b $warning]The loaded model still runs the previous plan:[/] press [b]l[/b] to "
-            "unload, then [b]l[/b] to load this one.",
+        self.model_line = Static("choosing a model…", id="model-line")
+        self.knob_rows = {
+            "quant": Knob("quant", "quant", _options(())),
+            "kv_type": Knob("KV", "kv_type", _options(KV_CHOICES)),
+            "n_ctx_per_slot": Knob(
+                "context", "n_ctx_per_slot", _options(CONTEXT_CHOICES, human_tokens)
+            ),
+            "n_parallel": Knob("slots", "n_parallel", _options(SLOT_CHOICES)),
+        }
+        self.verdict = Static(id="verdict")
+        self.stale = Static(
+            "[b $warning]The loaded model still runs the previous plan:[/] press "
+            "[b]ctrl+l[/b] to unload, then [b]ctrl+l[/b] to load this one.",
             id="stale",
         )
-        yield Static(id="settings-line")
-        yield Vertical(id="devices")
+        self.settings_line = Static(id="settings-line")
+        self.devices = Vertical(id="devices")
+        self.device_rows: list[DeviceMemory] = []
+        self.capacity = Static(id="capacity")
+        self.quality = Static(id="quality")
+        self.reasons = Static(id="reasons")
+
+    def compose(self) -> ComposeResult:
+        yield self.model_line
+        with Vertical(id="knobs"):
+            yield from self.knob_rows.values()
+        yield self.verdict
+        yield self.stale
+        yield self.settings_line
+        yield self.devices
         yield Static("Context reachable (tokens per slot)", classes="section")
-        yield Static(id="capacity")
-        yield Static(id="quality")
+        yield self.capacity
+        yield self.quality
         yield Static("Why", classes="section")
-        yield Static(id="reasons")
+        yield self.reasons
 
     # --- knobs ---------------------------------------------------------------------------
 
@@ -119,7 +144,7 @@ class PlanPanel(VerticalScroll):
         if quants == self.quants:
             return
         self.quants = quants
-        select = self.query_one(f"#{KNOB_IDS['quant']}", Select)
+        select = self.knob_rows["quant"].select
         with self.prevent(Select.Changed):
             select.set_options(_options(quants))
             select.value = self.knobs.quant if self.knobs.quant in quants else AUTO
@@ -128,61 +153,53 @@ class PlanPanel(VerticalScroll):
         """Show ``knobs`` in the selects without re-posting a change."""
         self.knobs = knobs
         with self.prevent(Select.Changed):
-            for name, select_id in KNOB_IDS.items():
+            for name, row in self.knob_rows.items():
                 value = getattr(knobs, name)
-                select = self.query_one(f"#{select_id}", Select)
                 wanted = AUTO if value is None else str(value)
-                if any(option_value == wanted for _, option_value in select._options):
-                    select.value = wanted
+                if any(option_value == wanted for _, option_value in row.select._options):
+                    row.select.value = wanted
 
     @on(Select.Changed)
     def _knob_changed(self, event: Select.Changed) -> None:
         event.stop()
-        name = next(name for name, select_id in KNOB_IDS.items() if select_id == event.select.id)
+        name = next(name for name, row in self.knob_rows.items() if row.select is event.select)
         self.knobs = self.knobs.with_value(name, str(event.value))
-        self.post_message(self.KnobsChanged(self.knobs))
+        self.post_message(KnobsChanged(self.knobs))
 
     # --- the plan ------------------------------------------------------------------------
 
     def show_model(self, text: str) -> None:
-        self.query_one("#model-line", Static).update(text)
+        self.model_line.update(text)
 
     def show_planning(self) -> None:
-        self.query_one("#verdict", Static).update("[dim]planning…[/]")
+        self.verdict.update("[dim]planning…[/]")
 
     def show_stale_engine(self) -> None:
-        self.query_one("#stale").display = True
+        self.stale.display = True
 
     async def show_failure(self, title: str, message: str) -> None:
         """No plan: say why and what to do; the bars and tables of the last plan go."""
         self.view = None
-        self.query_one("#verdict", Static).update(
-            f"[b $error]✘ {escape(title)}[/]\n{escape(message)}"
-        )
-        for selector in ("#settings-line", "#capacity", "#quality", "#reasons"):
-            self.query_one(selector, Static).update("")
-        await self.query_one("#devices", Vertical).remove_children()
+        self.verdict.update(f"[b $error]✘ {escape(title)}[/]\n{escape(message)}")
+        for static in (self.settings_line, self.capacity, self.quality, self.reasons):
+            static.update("")
+        await self._show_devices([])
 
     async def show_plan(self, view: PlanView) -> None:
         self.view = view
-        self.query_one("#stale").display = False
-        self.query_one("#verdict", Static).update(view.verdict)
-        self.query_one("#settings-line", Static).update(view.settings_line)
-        await self._show_devices(view)
-        self.query_one("#capacity", Static).update(view.capacity)
-        quality = self.query_one("#quality", Static)
-        quality.update(view.quality)
-        quality.display = bool(view.quality)
-        self.query_one("#reasons", Static).update(view.reasons)
+        self.stale.display = False
+        self.verdict.update(view.verdict)
+        self.settings_line.update(view.settings_line)
+        await self._show_devices(view.devices)
+        self.capacity.update(view.capacity)
+        self.quality.update(view.quality)
+        self.quality.display = bool(view.quality)
+        self.reasons.update(view.reasons)
 
-    async def _show_devices(self, view: PlanView) -> None:
-        devices = self.query_one("#devices", Vertical)
-        rows = list(devices.query(DeviceMemory))
-        if len(rows) != len(view.devices):
-            await devices.remove_children()
-            rows = [DeviceMemory() for _ in view.devices]
-            await devices.mount_all(rows)
-        for row, device in zip(rows, view.devices, strict=True):
-            row.query_one(".device-title", Static).update(device.title)
-            row.query_one(StackedBar).update(device.segments)
-            row.query_one(".legend", Static).update(device.legend)
+    async def _show_devices(self, devices: list[DeviceView]) -> None:
+        if len(self.device_rows) != len(devices):
+            await self.devices.remove_children()
+            self.device_rows = [DeviceMemory() for _ in devices]
+            await self.devices.mount_all(self.device_rows)
+        for row, device in zip(self.device_rows, devices, strict=True):
+            row.show(device)

@@ -1,0 +1,146 @@
+"""``homelab run MODEL``: load a model, stream an answer, end with prompt/decode tok/s and TTFT.
+
+MODEL is any form ``homelab plan`` takes that has a file on this machine (a hub repo runs its
+downloaded file). ``--prompt TEXT`` sends one completion; ``--chat`` reads user turns from
+stdin (one per line) and answers through the model's chat template. The model is planned
+like ``homelab plan`` with the same flags (each one given is fixed); ``--no-plan`` loads the
+flags as given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from homelab.cli import flags
+
+if TYPE_CHECKING:
+    from homelab.engine.api import FinishEvent, GenerationRequest
+    from homelab.engine.engine import Engine
+    from homelab.models.ref import ModelRef
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    flags.add_model(parser)
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--prompt", help="complete this text and exit")
+    mode.add_argument("--chat", action="store_true", help="chat: one user turn per stdin line")
+    parser.add_argument("--system", help="system message for --chat")
+    flags.add_sampling_flags(parser)
+    flags.add_plan_flags(parser)  # the same knobs as `homelab plan` and `homelab serve`
+    flags.add_engine_flags(parser, no_plan=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    ref = flags.model_ref(args.model)
+    with open_for_run(ref, args) as engine:
+        if engine.load_report.stepped_down:
+            print(f"homelab: {engine.load_report.summary()}", file=sys.stderr)
+        if args.chat:
+            return _chat(engine, args)
+        return _complete(engine, args)
+
+
+def open_for_run(ref: ModelRef, args: argparse.Namespace) -> Engine:
+    """The plan for this machine with the flags as fixed knobs, loaded; ``--no-plan``: the
+    flags as given."""
+    from homelab.models.launch import load_unplanned, open_engine
+
+    if args.no_plan:
+        return load_unplanned(ref, flags.unplanned_settings(args))
+    request, hardware = flags.plan_request(args), flags.hardware(args)
+    engine, _ = open_engine(ref, request, hardware, flags.overrides(args))
+    return engine
+
+
+def _complete(engine: Engine, args: argparse.Namespace) -> int:
+    from homelab.engine.api import GenerationRequest
+
+    request = GenerationRequest(tenant="cli", prompt=args.prompt, sampling=flags.sampling(args))
+    text, finish = _stream(engine, request, None if args.json else sys.stdout)
+    if args.json:
+        print(json.dumps(_document(engine, text, finish), indent=2))
+    else:
+        print(file=sys.stdout)
+        print(format_stats(finish), file=sys.stderr)
+    return 0 if finish.reason != "error" else 1
+
+
+def _chat(engine: Engine, args: argparse.Namespace) -> int:
+    from homelab.engine.api import GenerationRequest
+
+    messages: list[dict[str, Any]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    turns: list[dict[str, Any]] = []
+    interactive = sys.stdin.isatty() and not args.json
+    while True:
+        if interactive:
+            print("you> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        if not line.strip():
+            continue
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        prompt = engine.render_chat(messages)
+        request = GenerationRequest("cli", prompt, flags.sampling(args), add_bos=True)
+        text, finish = _stream(engine, request, None if args.json else sys.stdout)
+        messages.append({"role": "assistant", "content": text})
+        if args.json:
+            turns.append(_document(engine, text, finish))
+        else:
+            print(file=sys.stdout)
+            print(format_stats(finish), file=sys.stderr)
+        if finish.reason == "error":
+            return 1
+    if args.json:
+        print(json.dumps({"turns": turns}, indent=2))
+    return 0
+
+
+def _stream(
+    engine: Engine, request: GenerationRequest, out: TextIO | None
+) -> tuple[str, FinishEvent]:
+    from homelab.engine.api import FinishEvent
+
+    pieces: list[str] = []
+    for event in engine.submit(request):
+        if isinstance(event, FinishEvent):
+            if event.error:
+                print(f"homelab: generation failed: {event.error}", file=sys.stderr)
+            return "".join(pieces), event
+        pieces.append(event.text)
+        if out is not None and event.text:
+            out.write(event.text)
+            out.flush()
+    raise AssertionError("a request stream always ends with a FinishEvent")
+
+
+def format_stats(finish: FinishEvent) -> str:
+    s = finish.stats
+    return (
+        f"[{finish.reason}] prompt {s.prompt_tokens} tok (cached {s.cached_tokens}) "
+        f"{s.prefill_tok_s:.1f} tok/s · decode {s.completion_tokens} tok "
+        f"{s.decode_tok_s:.1f} tok/s · TTFT {s.ttft_s * 1000:.0f} ms"
+    )
+
+
+def _document(engine: Engine, text: str, finish: FinishEvent) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "text": text,
+        "finish_reason": finish.reason,
+        "error": finish.error,
+        "stats": asdict(finish.stats),
+        "load": {
+            "path": engine.load_report.model_path,
+            "summary": engine.load_report.summary(),
+            "settings": engine.settings.to_dict(),
+            "n_ctx_per_slot": engine.n_ctx_per_slot,
+            "prefix_reuse": engine.load_report.prefix_reuse_note,
+        },
+    }

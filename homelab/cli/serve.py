@@ -1,0 +1,204 @@
+"""``homelab serve MODEL``: an OpenAI-compatible endpoint for one model.
+
+Listens on 127.0.0.1:8080 by default. Binding any other address needs API keys: when the
+keys file (``config_dir()/keys.toml`` or ``--api-key-file``) does not exist yet, one key is
+generated, its hash stored (mode 0600) and the key printed once. ``--new-key TENANT`` adds a
+key for a tenant and exits.
+
+MODEL is any form ``homelab plan`` takes that has a file on this machine. It is resolved and
+planned like ``homelab plan`` (the same flags) before anything is announced, so a missing
+model or a plan that cannot fit fails at once with its error; then the server starts
+listening (``/health`` answers 503 while the model loads) and says where it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from homelab.cli import flags
+
+if TYPE_CHECKING:
+    from homelab.models.launch import Overrides
+    from homelab.models.ref import ModelRef
+    from homelab.planner.plan import Plan
+    from homelab.server.auth import KeyRing
+    from homelab.server.config import ServerConfig
+    from homelab.server.runner import EngineHolder
+
+DEFAULT_PORT = 8080
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    flags.add_model(parser, optional=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT})")
+    parser.add_argument(
+        "--api-key-file", type=Path, help="keys file (default: config dir keys.toml)"
+    )
+    parser.add_argument(
+        "--new-key", metavar="TENANT", help="add an API key for TENANT, print it, exit"
+    )
+    parser.add_argument(
+        "--admin", action="store_true", help="with --new-key: the tenant may read /metrics"
+    )
+    parser.add_argument("--model-id", help="the model name clients use (default: the file name)")
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=4 * 1024 * 1024, help="request body cap"
+    )
+    parser.add_argument(
+        "--default-max-tokens", type=int, default=2048, help="chat max_tokens when unset"
+    )
+    parser.add_argument("--cors-origin", action="append", default=[], help="allowed browser origin")
+    parser.add_argument("--log-prompts", action="store_true", help="log prompts and outputs (off)")
+    flags.add_plan_flags(parser)
+    flags.add_engine_flags(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from homelab.errors import ConfigError
+    from homelab.server.auth import add_key, default_keys_path
+
+    keys_path = args.api_key_file or default_keys_path()
+    if args.new_key:
+        key = add_key(keys_path, args.new_key, admin=args.admin)
+        _announce_key(args, keys_path, args.new_key, key)
+        return 0
+    if not args.model:
+        raise ConfigError(f"homelab serve needs a MODEL ({flags.MODEL_HELP}).")
+    return _serve(args, keys_path)
+
+
+def _serve(args: argparse.Namespace, keys_path: Path) -> int:
+    from homelab.models.launch import plan_file
+    from homelab.server.app import create_app
+    from homelab.server.runner import EngineHolder, bind_socket, run_holding_lock, uvicorn_server
+
+    ref = flags.model_ref(args.model)
+    model_path = ref.local_path()  # a model that is not here fails now, before any announcement
+    plan = plan_file(ref, flags.plan_request(args), flags.hardware(args))
+    keys, new_key = _keys_for(args, keys_path)
+    config = _config(args, model_path, keys)
+    sock = bind_socket(args.host, args.port)
+    config = replace(config, port=sock.getsockname()[1])  # --port 0: the port it got
+    _setup_logging()
+    holder = EngineHolder()
+    server = uvicorn_server(create_app(holder, config))
+    loader = threading.Thread(
+        target=_load, args=(holder, ref, plan, flags.overrides(args), server), daemon=True
+    )
+    loader.start()
+    _announce_start(args, config, keys_path, new_key)
+    try:
+        run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
+    finally:
+        if holder.engine is not None:
+            holder.engine.close()  # type: ignore[attr-defined]
+    if holder.failure is not None:
+        raise holder.failure
+    return 0
+
+
+def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) -> ServerConfig:
+    from homelab.server.config import ServerConfig
+
+    return ServerConfig(
+        model_id=args.model_id or model_path.stem,
+        host=args.host,
+        port=args.port,
+        keys=keys,
+        max_body_bytes=args.max_body_bytes,
+        default_max_tokens=args.default_max_tokens,
+        log_prompts=args.log_prompts,
+        cors_origins=tuple(args.cors_origin),
+    )
+
+
+def _load(
+    holder: EngineHolder, ref: ModelRef, plan: Plan, overrides: Overrides, server: Any
+) -> None:
+    from homelab.models.launch import load_plan
+
+    try:
+        engine = load_plan(ref, plan, overrides)
+    except BaseException as exc:
+        holder.failure = exc
+        server.should_exit = True
+        return
+    holder.engine = engine
+    logging.getLogger("homelab.server").info(
+        "model loaded: %s (%d slots x %d tokens)",
+        Path(engine.load_report.model_path).name,
+        engine.n_slots,
+        engine.n_ctx_per_slot,
+    )
+
+
+def _keys_for(args: argparse.Namespace, keys_path: Path) -> tuple[KeyRing | None, str | None]:
+    """The key ring (None: no auth, loopback only) and a key generated just now, if any."""
+    from homelab.server.auth import add_key, load_keys
+    from homelab.server.config import is_loopback
+
+    if keys_path.exists():
+        return load_keys(keys_path), None
+    if args.api_key_file is not None:
+        from homelab.errors import ConfigError
+
+        raise ConfigError(
+            f"{keys_path}: the keys file does not exist.", hint="Create it with --new-key TENANT."
+        )
+    if is_loopback(args.host):
+        return None, None  # local only: like llama.cpp, no key needed
+    key = add_key(keys_path, "default", admin=True)
+    return load_keys(keys_path), key
+
+
+def _announce_key(args: argparse.Namespace, keys_path: Path, tenant: str, key: str) -> None:
+    if args.json:
+        print(
+            json.dumps({"tenant": tenant, "api_key": key, "keys_file": str(keys_path)}), flush=True
+        )
+        return
+    print(
+        f"New API key for tenant '{tenant}' (shown once; only its hash is stored in {keys_path}):"
+    )
+    print(f"  {key}", flush=True)
+
+
+def _announce_start(
+    args: argparse.Namespace, config: ServerConfig, keys_path: Path, new_key: str | None
+) -> None:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{config.port}/v1"
+    if args.json:
+        doc: dict[str, Any] = {
+            "base_url": url,
+            "model": config.model_id,
+            "auth": config.keys is not None,
+        }
+        if new_key:
+            doc.update(api_key=new_key, tenant="default", keys_file=str(keys_path))
+        print(json.dumps(doc), flush=True)
+        return
+    if new_key:
+        _announce_key(args, keys_path, "default", new_key)
+    auth = "API keys required" if config.keys is not None else "no API key needed (loopback only)"
+    print(
+        f"Serving {config.model_id} at {url} ({auth}); the model is loading "
+        "(/health answers 503 until it is loaded).",
+        flush=True,
+    )
+
+
+def _setup_logging() -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("homelab")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)

@@ -1,0 +1,24 @@
+"""The doorway to llama.cpp: the only package in homelab that imports ``llama_cpp``.
+
+Every raw call into llama-cpp-python's ctypes bindings lives here, behind typed classes whose
+names say what they do; the engine, the planner's dry run, the quality evaluator, the
+quantizer and the hardware report use these and never the C API. llama.cpp's failures
+become :mod:`homelab.errors` types with a message that says what to do.
+
+    _lib        the lazy ``import llama_cpp`` (log callback and backend init installed once)
+    log         capture llama.cpp's log per thread; filter it to Python logging otherwise
+    ggml_types  THE table of K/V cache type names -> ggml type ids
+    model       ModelParams (GPU layers, CPU-kept MoE experts, dry run) and Model.load
+    context     ContextParams and Context (decode, logits, sizes llama.cpp chose)
+    batch       Batch: tokens with positions, sequence ids and output flags
+    vocab       Vocab: tokenize / detokenize, BOS / EOS / end-of-generation tokens
+    memory      SequenceMemory: clear, drop a suffix, copy, first / last position
+    logits      a decode's logits as numpy views
+    sampler     SamplerChain: llama.cpp's sampler-chain API
+    quantize    llama_model_quantize with progress, and its dry run for the output size
+    backend     build facts (version, GPU offload, system info) and ggml's device registry
+    grammar     JSON schema -> GBNF
+
+Importing this package (or any module but ``logits``) is cheap: llama-cpp-python's shared
+library loads on the first call that needs it, and numpy only with ``logits``.
+"""

@@ -1,0 +1,72 @@
+"""The one ``import llama_cpp``: lazy, with homelab's log callback and backend init installed.
+
+Importing llama-cpp-python loads a large shared library (and a CUDA build fails to load on a
+machine without the driver), so nothing imports it at module level: :func:`lib` does, on the
+first call that needs llama.cpp, and turns a failure into an :class:`EngineError` that says
+how to reinstall. The import statement runs on every call (a dictionary lookup once loaded),
+so a test that hides ``llama_cpp`` from ``sys.modules`` sees the failure path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from homelab.errors import EngineError
+from homelab.llamacpp.log import on_log
+
+EXPECTED_VERSION = "0.3.36"  # the llama-cpp-python release homelab is written against
+REINSTALL_COMMAND = f".venv/bin/pip install llama-cpp-python=={EXPECTED_VERSION}"
+
+_install_lock = threading.Lock()
+_callback: Any = None  # kept alive for as long as llama.cpp may call it
+_ggml: dict[str, ctypes.CDLL] = {}
+
+
+class LlamaCppUnavailable(EngineError):
+    """llama-cpp-python is missing or its shared library does not load."""
+
+    title = "llama.cpp is not available"
+
+    def __init__(self, cause: BaseException) -> None:
+        self.first_line = (str(cause).splitlines() or [type(cause).__name__])[0]
+        super().__init__(
+            f"llama-cpp-python could not be loaded ({self.first_line})",
+            hint=f"Reinstall it: {REINSTALL_COMMAND}",
+        )
+
+
+def lib() -> ModuleType:
+    """llama-cpp-python's module (slow the first time), with homelab's log handling on."""
+    global _callback
+    try:
+        import llama_cpp
+    except Exception as error:  # ImportError, or OSError/RuntimeError from the shared library
+        raise LlamaCppUnavailable(error) from error
+    if _callback is None:
+        with _install_lock:
+            if _callback is None:
+                callback = llama_cpp.llama_log_callback(on_log)
+                llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+                llama_cpp.llama_backend_init()
+                _callback = callback
+    return llama_cpp
+
+
+def ggml_library(name: str) -> ctypes.CDLL:
+    """One of the ggml libraries shipped beside libllama (``ggml``, ``ggml-base``), opened once.
+
+    llama-cpp-python binds only llama.h; the device registry lives in ggml's own libraries.
+    """
+    if name not in _ggml:
+        folder = Path(str(lib().__file__)).parent / "lib"
+        _ggml[name] = ctypes.CDLL(str(folder / f"lib{name}.so"))
+    return _ggml[name]
+
+
+def to_bytes(text: str | Path) -> bytes:
+    """A path or string as llama.cpp's C API takes it."""
+    return str(text).encode("utf-8")
