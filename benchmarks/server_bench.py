@@ -1,20 +1,31 @@
-"""``python -m benchmarks.server_bench``: ``homelab serve`` vs ``llama-server -np N`` over HTTP.
+"""``python -m benchmarks.server_bench``: ``homelab serve`` vs ``llama-server -np N``, steady state.
 
-    python -m benchmarks.server_bench                       # bench demo (Q8_0), 2 threads, 3 rounds
-    python -m benchmarks.server_bench --concurrency 1,8,16 --rounds 3 --threads 2
+    python -m benchmarks.server_bench                         # 1, 8, 16 clients, 5 rounds
+    python -m benchmarks.server_bench --concurrency 8 --rounds 7 --max-tokens 128
 
-Both servers load the same model with the same llama.cpp settings: the ones ``homelab serve``
-plans (``--ctx``, ``--parallel N``, ``--goal throughput``), passed to ``llama-server`` as flags
-(``-c``, ``-np``, ``-fa``, ``-b``, ``-ub``, cache types, unified KV or not). For each
-concurrency N, each server is started with N slots, warmed up, and N HTTP clients send one
-streaming ``/v1/completions`` request each at the same moment (distinct prompts, the same
-sampling, end-of-text banned so every answer is ``--max-tokens`` long). Servers alternate
-round by round so a busy shared machine hurts both alike.
+What a user sees after the first minute, not the best burst. For each concurrency N, ONE
+``homelab serve`` (N slots) and ONE ``llama-server -np N`` are started side by side with the
+same model and llama.cpp settings (the ones ``homelab serve --ctx --parallel N --goal
+throughput --threads T`` plans, passed to llama-server as ``-c -np -t -fa -b -ub -ctk -ctv
+-kvu/-no-kvu``) and kept running for every round. Each round runs four workloads, N clients
+at once, each client one ``/v1/completions`` request of ``--max-tokens`` tokens (end of text
+banned, llama.cpp's default sampling):
 
-Reported: aggregate completion tok/s (all tokens / wall time from the first request sent to
-the last token received), and TTFT p50/p95 over every request of every round. The figure
-compared is the best round's tok/s; the target is ours ≥ 0.9x theirs at every concurrency.
-This is a harness, not a test: nothing asserts.
+- streaming or not (a non-streaming client waits for the whole answer, as most SDK calls do);
+- prompts that repeat every round (the server's prefix cache may serve them) or prompts seen
+  for the first time.
+
+Contenders alternate workload by workload (A, B, A, B…; the order flips every round), each
+waiting for the CPUs to be mostly idle first, so a noisy neighbour hits both alike. Persistent
+HTTP connections are kept across rounds, as a long-running client would.
+
+Reported per concurrency and workload, for both servers side by side: the first round, the
+median and the worst of the later rounds (aggregate completion tok/s: all tokens / wall time
+from the first request sent to the last byte received, prefill included), the server
+process's CPU seconds per generated token (all its threads, from /proc), and TTFT p50 for the
+streaming workloads. The target: ours ≥ 0.9x llama-server in the first round and in the median
+of the later ones, at every concurrency, streaming and not. A harness, not a test: nothing
+asserts.
 """
 
 from __future__ import annotations
@@ -43,37 +54,85 @@ from homelab.settings import Settings
 BANNED_END_TOKENS = {"2": -100, "4": -100}  # </s> and <|im_end|> of the demo vocabulary
 WORDS = ("cache", "token", "layer", "model", "speed", "memory", "context", "quant", "slot", "batch")
 STARTUP_TIMEOUT_S = 300.0
+OURS, THEIRS = "homelab serve", "llama-server"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    stream: bool
+    repeat: bool  # the same prompts every round (prefix-cache hits) or new ones
+
+
+WORKLOADS = (
+    Workload("stream, repeated prompts", stream=True, repeat=True),
+    Workload("stream, new prompts", stream=True, repeat=False),
+    Workload("no stream, repeated prompts", stream=False, repeat=True),
+    Workload("no stream, new prompts", stream=False, repeat=False),
+)
 
 
 @dataclass(frozen=True)
 class ServerBenchConfig:
     model: Path
     threads: int = 2
-    rounds: int = 3
+    rounds: int = 5
     concurrency: tuple[int, ...] = (1, 8, 16)
     max_tokens: int = 128
+    prompt_words: int = 48
     ctx_per_slot: int = 512
     temperature: float = 0.8  # llama.cpp's default sampling (0: greedy)
     min_idle: float = 0.8
-    max_wait_s: float = 60.0
+    max_wait_s: float = 20.0
+    workloads: tuple[Workload, ...] = WORKLOADS
+
+
+@dataclass(frozen=True)
+class Round:
+    """One workload, one server, one round."""
+
+    tok_s: float
+    tokens: int
+    wall_s: float
+    cpu_s: float  # the server process's CPU time during the round
+    idle_before: float  # share of idle CPU when the round started
+    ttft_s: tuple[float, ...]  # streaming only: time to the first text of each request
+    latency_s: tuple[float, ...]  # time to the end of each request
 
 
 @dataclass
-class Measurement:
-    """One server at one concurrency, over the rounds."""
-
-    tok_s: list[float] = field(default_factory=list)
-    ttft_s: list[float] = field(default_factory=list)  # every request of every round
+class Series:
+    rounds: list[Round] = field(default_factory=list)
 
     @property
-    def best_tok_s(self) -> float:
-        return max(self.tok_s) if self.tok_s else float("nan")
+    def first(self) -> float:
+        return self.rounds[0].tok_s if self.rounds else float("nan")
 
-    def ttft_percentile(self, fraction: float) -> float:
-        if not self.ttft_s:
-            return float("nan")
-        ordered = sorted(self.ttft_s)
-        return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+    @property
+    def later(self) -> list[float]:
+        return [r.tok_s for r in self.rounds[1:]] or [self.first]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.later)
+
+    @property
+    def worst(self) -> float:
+        return min(self.later)
+
+    @property
+    def cpu_per_token_ms(self) -> float:
+        return 1000 * statistics.median(r.cpu_s / max(r.tokens, 1) for r in self.rounds)
+
+    @property
+    def ttft_p50(self) -> float | None:
+        ttfts = [t for r in self.rounds for t in r.ttft_s]
+        return statistics.median(ttfts) if ttfts else None
+
+
+Results = dict[tuple[int, str, str], Series]  # (clients, workload, server) -> rounds
 
 
 # --- the two servers --------------------------------------------------------------------------
@@ -122,10 +181,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class RunningServer:
+    url: str
+    pid: int
+
+
 @contextmanager
-def running(command: list[str], port: int) -> Iterator[str]:
-    """Start a server process, wait for ``/health`` 200, yield its base URL, stop it."""
-    env = {**os.environ, "HOMELAB_HOME": os.environ.get("HOMELAB_HOME", str(HERE / "out" / "home"))}
+def running(
+    command: list[str], port: int, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
+    """Start a server process, wait for ``/health`` 200, yield it, stop it."""
+    home = os.environ.get("HOMELAB_HOME", str(HERE / "out" / "home"))
+    env = {**os.environ, "HOMELAB_HOME": home, **(env or {})}
     log_path = HERE / "out" / "logs" / f"{Path(command[0]).name}-{port}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log_file:
@@ -133,7 +201,7 @@ def running(command: list[str], port: int) -> Iterator[str]:
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_healthy(process, url, log_path)
-            yield url
+            yield RunningServer(url, process.pid)
         finally:
             process.terminate()
             try:
@@ -161,17 +229,29 @@ def _healthy(url: str) -> bool:
         return False
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def process_rss_bytes(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
+
+
 # --- the clients ------------------------------------------------------------------------------
 
 
-def request_body(config: ServerBenchConfig, index: int, max_tokens: int) -> dict[str, Any]:
-    words = " ".join(WORDS[(index * 7 + i * 3) % len(WORDS)] for i in range(24))
-    return {
+def request_body(
+    config: ServerBenchConfig, workload: Workload, round_index: int, index: int
+) -> dict[str, Any]:
+    words = " ".join(WORDS[(index * 7 + i * 3) % len(WORDS)] for i in range(config.prompt_words))
+    tag = f"request {index}" if workload.repeat else f"round {round_index} request {index}"
+    body: dict[str, Any] = {
         "model": "bench",
-        "prompt": f"request {index}: {words}",
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "prompt": f"{tag} ({workload.name}): {words}",
+        "max_tokens": config.max_tokens,
+        "stream": workload.stream,
         "temperature": config.temperature,
         "top_k": 40,
         "top_p": 0.95,
@@ -179,12 +259,19 @@ def request_body(config: ServerBenchConfig, index: int, max_tokens: int) -> dict
         "seed": 1234 + index,
         "logit_bias": BANNED_END_TOKENS,
     }
+    if workload.stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
 
 
-async def one_stream(
+async def one_request(
     client: httpx.AsyncClient, body: dict[str, Any], started: float
-) -> tuple[int, float, float]:
-    """(completion tokens, TTFT, finish time) of one streamed completion."""
+) -> tuple[int, float | None, float]:
+    """(completion tokens, TTFT or None, end time) of one completion."""
+    if not body["stream"]:
+        response = await client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        return int(response.json()["usage"]["completion_tokens"]), None, time.perf_counter()
     first_token_at = None
     tokens = None
     finish = None
@@ -206,100 +293,154 @@ async def one_stream(
     return tokens, (first_token_at or ended) - started, ended
 
 
-async def burst(url: str, config: ServerBenchConfig, clients: int) -> tuple[float, list[float]]:
-    """All ``clients`` requests at once: (aggregate completion tok/s, TTFTs)."""
-    limits = httpx.Limits(max_connections=clients + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-        await one_stream(client, request_body(config, 999, 4), time.perf_counter())  # warm up
-        started = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                one_stream(client, request_body(config, i, config.max_tokens), started)
-                for i in range(clients)
-            )
-        )
-    total_tokens = sum(tokens for tokens, _, _ in results)
+async def one_round(
+    client: httpx.AsyncClient,
+    server: RunningServer,
+    config: ServerBenchConfig,
+    workload: Workload,
+    round_index: int,
+    clients: int,
+) -> Round:
+    idle = await asyncio.to_thread(wait_for_quiet, config.min_idle, config.max_wait_s, _quiet)
+    bodies = [request_body(config, workload, round_index, i) for i in range(clients)]
+    cpu_before = process_cpu_s(server.pid)
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one_request(client, body, started) for body in bodies))
     wall_s = max(ended for _, _, ended in results) - started
-    return total_tokens / wall_s, [ttft for _, ttft, _ in results]
+    cpu_s = process_cpu_s(server.pid) - cpu_before
+    tokens = sum(tokens for tokens, _, _ in results)
+    return Round(
+        tok_s=tokens / wall_s,
+        tokens=tokens,
+        wall_s=wall_s,
+        cpu_s=cpu_s,
+        idle_before=idle,
+        ttft_s=tuple(ttft for _, ttft, _ in results if ttft is not None),
+        latency_s=tuple(ended - started for _, _, ended in results),
+    )
+
+
+async def warm_up(client: httpx.AsyncClient, config: ServerBenchConfig) -> None:
+    """One short request, not measured. llama-server sometimes drops the first connection
+    after /health turns 200 ("Server disconnected without sending a response"): retry."""
+    body = {**request_body(config, WORKLOADS[1], -1, 999), "max_tokens": 4}
+    for attempt in range(3):
+        try:
+            await one_request(client, body, time.perf_counter())
+            return
+        except httpx.TransportError:
+            await asyncio.sleep(1 + attempt)
+    await one_request(client, body, time.perf_counter())
+
+
+def _quiet(line: str) -> None:
+    pass  # wait_for_quiet's "machine busy" lines: the idle share is recorded per round instead
 
 
 # --- the run ----------------------------------------------------------------------------------
 
 
-def measure(
-    config: ServerBenchConfig, log: Callable[[str], None]
-) -> dict[tuple[str, int], Measurement]:
-    results: dict[tuple[str, int], Measurement] = {}
-    for round_index in range(config.rounds):
-        log(f"round {round_index + 1}/{config.rounds}")
-        for clients in config.concurrency:
-            settings = planned_settings(config, clients)
-            for name in ("homelab serve", "llama-server"):
-                port = free_port()
-                command = (
-                    ours_command(config, clients, port)
-                    if name == "homelab serve"
-                    else llama_server_command(config, settings, port)
-                )
-                idle, tok_s, ttfts = measure_once(command, port, config, clients, log)
-                entry = results.setdefault((name, clients), Measurement())
-                entry.tok_s.append(tok_s)
-                entry.ttft_s += ttfts
-                log(
-                    f"  {name:<14} {clients:>2} clients {tok_s:8.2f} tok/s  "
-                    f"TTFT p50 {statistics.median(ttfts):6.3f} s   (CPUs {idle:.0%} idle before)"
-                )
+def measure(config: ServerBenchConfig, log: Callable[[str], None]) -> Results:
+    results: Results = {}
+    for clients in config.concurrency:
+        settings = planned_settings(config, clients)
+        ours_port, theirs_port = free_port(), free_port()
+        with (
+            running(ours_command(config, clients, ours_port), ours_port) as ours,
+            running(llama_server_command(config, settings, theirs_port), theirs_port) as theirs,
+        ):
+            log(f"{clients} clients: {OURS} pid {ours.pid}, {THEIRS} pid {theirs.pid}")
+            servers = {OURS: ours, THEIRS: theirs}
+            asyncio.run(_rounds(config, clients, servers, results, log))
     return results
 
 
-def measure_once(
-    command: list[str],
-    port: int,
+async def _rounds(
     config: ServerBenchConfig,
     clients: int,
+    servers: dict[str, RunningServer],
+    results: Results,
     log: Callable[[str], None],
-) -> tuple[float, float, list[float]]:
-    """(idle share before, tok/s, TTFTs); a transport failure restarts the server, twice at most."""
-    for attempt in range(3):
-        try:
-            with running(command, port) as url:
-                idle = wait_for_quiet(config.min_idle, config.max_wait_s, log)
-                tok_s, ttfts = asyncio.run(burst(url, config, clients))
-                return idle, tok_s, ttfts
-        except httpx.TransportError as exc:
-            log(f"  (attempt {attempt + 1}: {type(exc).__name__}: {exc}; restarting the server)")
-            old_port, port = str(port), free_port()
-            command = [str(port) if part == old_port else part for part in command]
-    raise RuntimeError("the server kept failing; see benchmarks/out/logs/")
+) -> None:
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    connections = {
+        name: httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits)
+        for name, server in servers.items()
+    }
+    try:
+        for client in connections.values():
+            await warm_up(client, config)
+        for round_index in range(config.rounds):
+            order = list(servers) if round_index % 2 == 0 else list(servers)[::-1]
+            for workload in config.workloads:
+                for name in order:
+                    measured = await one_round(
+                        connections[name], servers[name], config, workload, round_index, clients
+                    )
+                    series = results.setdefault((clients, workload.name, name), Series())
+                    series.rounds.append(measured)
+                    log(
+                        f"  round {round_index + 1} {workload.name:<28} {name:<14} "
+                        f"{measured.tok_s:7.1f} tok/s  cpu {measured.cpu_s:5.2f} s  "
+                        f"(idle {measured.idle_before:.0%} before)"
+                    )
+    finally:
+        for client in connections.values():
+            await client.aclose()
 
 
-def markdown(config: ServerBenchConfig, results: dict[tuple[str, int], Measurement]) -> str:
+def markdown(config: ServerBenchConfig, results: Results) -> str:
     lines = [
-        "| clients | homelab serve tok/s | llama-server tok/s | ratio | ≥ 0.9x | "
-        "TTFT p50 / p95 ours (s) | TTFT p50 / p95 llama-server (s) |",
-        "|---:|---:|---:|---:|---|---:|---:|",
+        "| clients | workload | first round ours / llama-server | ratio | "
+        "median later rounds ours / llama-server | ratio | worst later round ours / "
+        "llama-server | ratio | CPU ms per token ours / llama-server | TTFT p50 ours / "
+        "llama-server |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for clients in config.concurrency:
-        ours, theirs = results[("homelab serve", clients)], results[("llama-server", clients)]
-        ratio = ours.best_tok_s / theirs.best_tok_s
-        lines.append(
-            f"| {clients} | {ours.best_tok_s:.1f} | {theirs.best_tok_s:.1f} | {ratio:.2f}x | "
-            f"{'yes' if ratio >= 0.9 else 'NO'} | "
-            f"{ours.ttft_percentile(0.5):.3f} / {ours.ttft_percentile(0.95):.3f} | "
-            f"{theirs.ttft_percentile(0.5):.3f} / {theirs.ttft_percentile(0.95):.3f} |"
-        )
+        for workload in config.workloads:
+            ours = results[(clients, workload.name, OURS)]
+            theirs = results[(clients, workload.name, THEIRS)]
+            ttft = (
+                f"{ours.ttft_p50 * 1000:.0f} / {theirs.ttft_p50 * 1000:.0f} ms"
+                if ours.ttft_p50 is not None and theirs.ttft_p50 is not None
+                else "—"
+            )
+            lines.append(
+                f"| {clients} | {workload.name} "
+                f"| {ours.first:.1f} / {theirs.first:.1f} | {_ratio(ours.first, theirs.first)} "
+                f"| {ours.median:.1f} / {theirs.median:.1f} "
+                f"| {_ratio(ours.median, theirs.median)} "
+                f"| {ours.worst:.1f} / {theirs.worst:.1f} | {_ratio(ours.worst, theirs.worst)} "
+                f"| {ours.cpu_per_token_ms:.2f} / {theirs.cpu_per_token_ms:.2f} | {ttft} |"
+            )
     return "\n".join(lines)
 
 
-def save(config: ServerBenchConfig, results: dict[tuple[str, int], Measurement]) -> Path:
+def _ratio(ours: float, theirs: float) -> str:
+    ratio = ours / theirs
+    return f"{ratio:.2f}x" if ratio >= 0.9 else f"**{ratio:.2f}x**"
+
+
+def save(config: ServerBenchConfig, results: Results) -> Path:
     folder = HERE / "out"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"server-{time.strftime('%Y%m%d-%H%M%S')}.json"
     document = {
-        "config": {**config.__dict__, "model": str(config.model)},
+        "config": {
+            **{k: v for k, v in config.__dict__.items() if k != "workloads"},
+            "model": str(config.model),
+            "workloads": [w.__dict__ for w in config.workloads],
+        },
+        "load_average": os.getloadavg(),
         "results": [
-            {"server": name, "clients": clients, "tok_s": m.tok_s, "ttft_s": m.ttft_s}
-            for (name, clients), m in results.items()
+            {
+                "clients": clients,
+                "workload": workload,
+                "server": server,
+                "rounds": [r.__dict__ for r in series.rounds],
+            }
+            for (clients, workload, server), series in results.items()
         ],
     }
     path.write_text(json.dumps(document, indent=2))
@@ -310,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, help="GGUF to serve (default: the bench demo, Q8_0)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", default="1,8,16", help="clients at once (1,8,16)")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=512, help="context per slot (512)")
@@ -320,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--min-idle", type=float, default=0.8, help="idle CPU share to wait for (0.8)"
     )
-    parser.add_argument("--max-wait", type=float, default=60.0, help="seconds to wait for it")
+    parser.add_argument("--max-wait", type=float, default=20.0, help="seconds to wait for it")
     args = parser.parse_args(argv)
     build_tools()
     model = args.model
@@ -339,12 +480,13 @@ def main(argv: list[str] | None = None) -> int:
         min_idle=args.min_idle,
         max_wait_s=args.max_wait,
     )
-    print(
-        f"model {config.model} · threads {config.threads} · {config.rounds} rounds", file=sys.stderr
-    )
-    results = measure(config, log=lambda line: print(line, file=sys.stderr, flush=True))
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"model {config.model} · threads {config.threads} · {config.rounds} rounds")
+    log(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    results = measure(config, log)
+    log(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(markdown(config, results))
-    print(f"saved {save(config, results)}", file=sys.stderr)
+    log(f"saved {save(config, results)}")
     return 0
 
 

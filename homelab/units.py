@@ -33,9 +33,25 @@ def parse_size(text: str) -> int:
     return int(float(match["number"]) * _UNITS[unit])
 
 
-def format_size(n_bytes: float) -> str:
-    """``1.50 GiB``, ``512.00 MiB``, ``12.3 KiB``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+NOT_AVAILABLE = "N/A"  # what a size that could not be read prints as
+
+
+def format_size(n_bytes: float | None, digits: int = 2) -> str:
+    """The largest unit that keeps the number >= 1: ``1.50 GiB``, ``512.00 MiB``, ``12.30 KiB``,
+    ``17 B`` (``digits=1``: ``1.5 GiB``); None prints as ``N/A``."""
+    if n_bytes is None:
+        return NOT_AVAILABLE
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if abs(n_bytes) >= size:
-            return f"{n_bytes / size:.2f} {unit}"
+            return f"{n_bytes / size:.{digits}f} {unit}"
     return f"{int(n_bytes)} B"
+
+
+def format_gib(n_bytes: float | None, digits: int = 2) -> str:
+    """Always in GiB (columns of memory figures line up): ``0.50 GiB``; None prints as ``N/A``."""
+    return NOT_AVAILABLE if n_bytes is None else f"{n_bytes / GIB:.{digits}f} GiB"
+
+
+def format_mib(n_bytes: float | None, digits: int = 1) -> str:
+    """Always in MiB, with thousands separators: ``1,536.0 MiB``; None prints as ``N/A``."""
+    return NOT_AVAILABLE if n_bytes is None else f"{n_bytes / MIB:,.{digits}f} MiB"

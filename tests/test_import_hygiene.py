@@ -28,6 +28,7 @@ TEXTUAL_FREE_TUI_MODULES = (
     "homelab.tui.format",
     "homelab.tui.hardware_source",
     "homelab.tui.status",
+    "homelab.tui.protocols",
 )
 
 

@@ -26,13 +26,13 @@ import numpy as np
 from homelab.bench.prompts import PromptSource
 from homelab.engine.api import FinishEvent, GenerationRequest, RequestStats, SamplingParams
 from homelab.errors import BenchError
-from homelab.settings import Settings
+from homelab.settings import COMPARED_KV_TYPES, Settings
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine
     from homelab.engine.scheduler import RequestHandle
 
-KV_TYPES = ("f16", "q8_0", "q4_0")
+KV_TYPES = COMPARED_KV_TYPES
 CONCURRENCY_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from homelab.errors import BenchError
+from homelab.settings import COMPARED_KV_TYPES
 
 if TYPE_CHECKING:
     from homelab.bench.quality import Progress, QualityResult
@@ -28,7 +29,7 @@ class QualityOptions:
     text: Path | None = None  # None: the bundled essay
     n_ctx: int = 512  # tokens per chunk
     max_chunks: int | None = None
-    kv_types: tuple[str, ...] = ("f16", "q8_0", "q4_0")
+    kv_types: tuple[str, ...] = COMPARED_KV_TYPES
     reference: Path | None = None  # None: the most precise file beside the model
     budget_bytes: int | None = None
     save: bool = True

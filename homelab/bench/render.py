@@ -27,10 +27,10 @@ from homelab.bench.concurrency import ConcurrencyTable, LevelResult
 from homelab.bench.profile import SpeedResult, Spread
 from homelab.bench.quality import QualityResult, QualityRow, perplexity_change
 from homelab.settings import Settings
+from homelab.units import format_mib
 
 KV_STYLES = {"f16": "cyan", "q8_0": "green", "q4_0": "magenta"}
 CHART_WIDTH = 40
-MIB = 1024 * 1024
 
 
 # --- progress ----------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def seconds(value: float | None) -> str:
 
 
 def mib(n_bytes: int | None) -> str:
-    return "—" if n_bytes is None else f"{n_bytes / MIB:,.1f} MiB"
+    return "—" if n_bytes is None else format_mib(n_bytes)
 
 
 def kv_label(settings: Settings) -> str:

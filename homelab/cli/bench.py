@@ -11,12 +11,13 @@ import json
 from typing import TYPE_CHECKING
 
 from homelab.cli import flags
+from homelab.settings import COMPARED_KV_TYPES
 
 if TYPE_CHECKING:
     from homelab.bench.measure import BenchOptions
 
 DEFAULT_LEVELS = "1,2,4,8,16,32,64"
-DEFAULT_KV_TYPES = "f16,q8_0,q4_0"
+DEFAULT_KV_TYPES = ",".join(COMPARED_KV_TYPES)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -62,10 +62,12 @@ def run(args: argparse.Namespace) -> int:
         }
         print(json.dumps(document))
         return 0
+    from homelab.units import format_mib
+
     print(f"{path}")
     print(
         f"  {args.arch} {args.size} {args.quant}: {info.n_params:,} parameters, "
-        f"{info.file_bytes / (1 << 20):.1f} MiB"
+        f"{format_mib(info.file_bytes)}"
     )
     print(WARNING)
     return 0

@@ -22,9 +22,10 @@ def run(args: argparse.Namespace) -> int:
     from homelab.hub.progress import ProgressSink, SilentProgress
     from homelab.hub.pull import pull
     from homelab.hub.quants import parse_model_ref
-    from homelab.hub.render import TqdmProgress, format_pulled, human_bytes, pulled_document
+    from homelab.hub.render import TqdmProgress, format_pulled, pulled_document
     from homelab.hub.resolve import best_quant
     from homelab.planner.budget import resolve_hardware
+    from homelab.units import format_size
 
     ref = parse_model_ref(args.model)
     if ref is None:
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         ref, entry = best_quant(ref, resolve_hardware())
         if entry is not None:
             print(
-                f"homelab: no quant given; {entry.label} ({human_bytes(entry.total_bytes)}) fits "
+                f"homelab: no quant given; {entry.label} ({format_size(entry.total_bytes)}) fits "
                 f"this machine best (see `homelab search {ref.repo_id} --plan`).",
                 file=sys.stderr,
             )

@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 from homelab.cli import flags
+from homelab.settings import COMPARED_KV_TYPES
 
-DEFAULT_KV_TYPES = "f16,q8_0,q4_0"
+DEFAULT_KV_TYPES = ",".join(COMPARED_KV_TYPES)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -81,6 +81,23 @@ class SamplerChain:
     def sample(self, context: Context, batch_index: int) -> int:
         return self._chain.sample(context, batch_index)
 
+    @property
+    def picks_at_random(self) -> bool:
+        """True when the chain ends in a random pick (temperature > 0), not greedy."""
+        return self.params.temperature > 0
+
+    def distribution(self, context: Context, batch_index: int) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, probabilities) the random pick would draw from at ``batch_index``
+        (speculative sampling's ``p``); changes no sampler state."""
+        from homelab.llamacpp.candidates import shaped_distribution
+
+        return shaped_distribution(self._chain, context, batch_index)
+
+    def accept(self, token: int) -> None:
+        """``token`` was chosen outside :meth:`sample` (speculative sampling): let the
+        penalties and the grammar see it."""
+        self._chain.accept(token)
+
     def close(self) -> None:
         self._chain.close()  # frees every sampler in the chain
 

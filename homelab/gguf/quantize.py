@@ -22,6 +22,7 @@ from homelab.errors import ModelFileError
 from homelab.gguf.reader import split_parts
 from homelab.llamacpp import quantize as llama_quantize
 from homelab.llamacpp.quantize import FILE_TYPES
+from homelab.units import format_gib
 
 FTYPES = FILE_TYPES  # the quant labels llama.cpp's quantizer writes (label -> llama_ftype)
 ALIASES = {"Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M", "Q3_K": "Q3_K_M"}
@@ -69,7 +70,7 @@ def require_free_disk(folder: Path, needed_bytes: int, what: str) -> None:
         raise ModelFileError(
             folder,
             f"not enough free disk for {what}: needs "
-            f"{needed_bytes / 2**30:.2f} GiB, {free_bytes / 2**30:.2f} GiB free",
+            f"{format_gib(needed_bytes)}, {format_gib(free_bytes)} free",
             hint="Free some space or choose another output folder (--output).",
         )
 

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from homelab.gguf.model import ModelInfo
+from homelab.units import format_mib
 
 
 def summarize(info: ModelInfo, *, with_tensors: bool = False) -> dict[str, Any]:
@@ -96,7 +97,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 def _file_line(summary: dict[str, Any]) -> str:
     parts = f", {summary['n_files']} parts" if summary["n_files"] > 1 else ""
-    return f"{summary['path']} ({summary['file_bytes'] / (1 << 20):,.1f} MiB{parts})"
+    return f"{summary['path']} ({format_mib(summary['file_bytes'])}{parts})"
 
 
 def _tensor_line(summary: dict[str, Any]) -> str:

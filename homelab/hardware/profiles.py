@@ -16,8 +16,8 @@ from pathlib import Path
 
 from homelab.errors import ConfigError
 from homelab.locations import profiles_dir
+from homelab.units import GIB
 
-GIB = 1 << 30
 # NVML reports a little less than the marketed capacity (memory the driver reserves).
 VRAM_MATCH_TOLERANCE_BYTES = 3 * GIB // 2
 _VENDOR_WORDS = re.compile(r"\b(nvidia|geforce|tesla)\b")

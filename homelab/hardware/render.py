@@ -10,18 +10,14 @@ from homelab.hardware.build import BuildInfo
 from homelab.hardware.gpu import GpuInfo, GpuProcess
 from homelab.hardware.host import CpuInfo, MemoryInfo
 from homelab.hardware.report import HardwareReport
+from homelab.units import GIB, format_gib
 
 if TYPE_CHECKING:
     from homelab.hardware.profiles import GpuProfile
 
-GIB = 1 << 30
 NOT_AVAILABLE = "N/A"
 LABEL_WIDTH = 16
 THIS_PROCESS = "  <- this process"
-
-
-def gib(size_bytes: int | None) -> str:
-    return NOT_AVAILABLE if size_bytes is None else f"{size_bytes / GIB:.2f} GiB"
 
 
 def shown(value: object, unit: str = "") -> str:
@@ -54,8 +50,8 @@ def format_report(report: HardwareReport) -> str:
 def gpu_lines(gpu: GpuInfo) -> list[str]:
     profile = f"  (profile {gpu.profile_id})" if gpu.profile_id else ""
     memory = (
-        f"{gib(gpu.memory_free_bytes)} free of {gib(gpu.memory_total_bytes)}"
-        f" ({gib(gpu.memory_used_bytes)} used)"
+        f"{format_gib(gpu.memory_free_bytes)} free of {format_gib(gpu.memory_total_bytes)}"
+        f" ({format_gib(gpu.memory_used_bytes)} used)"
         + (" — unified with host RAM" if gpu.unified_memory else "")
     )
     return [
@@ -98,7 +94,7 @@ def process_lines(processes: tuple[GpuProcess, ...]) -> list[str]:
 def process_text(process: GpuProcess) -> str:
     ours = THIS_PROCESS if process.pid == os.getpid() else ""
     return (
-        f"{process.pid:>7}  {gib(process.used_memory_bytes):>10}  "
+        f"{process.pid:>7}  {format_gib(process.used_memory_bytes):>10}  "
         f"{shown(process.name)} ({process.kind}){ours}"
     )
 
@@ -114,12 +110,13 @@ def cpu_text(cpu: CpuInfo) -> str:
 
 
 def memory_text(memory: MemoryInfo) -> str:
+    available, total = format_gib(memory.ram_available_bytes), format_gib(memory.ram_total_bytes)
     text = (
-        f"{gib(memory.ram_available_bytes)} available of {gib(memory.ram_total_bytes)}"
-        f" · swap {gib(memory.swap_total_bytes)} ({gib(memory.swap_used_bytes)} used)"
+        f"{available} available of {total}"
+        f" · swap {format_gib(memory.swap_total_bytes)} ({format_gib(memory.swap_used_bytes)} used)"
     )
     if memory.cgroup_limit_bytes is not None:
-        text += f" · container limit {gib(memory.cgroup_limit_bytes)}"
+        text += f" · container limit {format_gib(memory.cgroup_limit_bytes)}"
     return text
 
 

@@ -17,13 +17,14 @@ from homelab.gguf.model import ModelInfo
 from homelab.hub.client import RepoListing
 from homelab.hub.quants import GgufEntry
 from homelab.hub.remote import remote_models
-from homelab.hub.render import human_bytes, table
+from homelab.hub.render import table
 from homelab.hub.settings import HubSettings
 from homelab.planner.budget import Hardware
 from homelab.planner.memory import MemoryModel
 from homelab.planner.plan import Plan, plan_model
 from homelab.planner.predict import predict_speed
 from homelab.planner.search import PlanRequest
+from homelab.units import format_size
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,9 @@ def render_matrix(matrix: PlanMatrix) -> str:
 def _render_row(row: MatrixRow, n_kv: int) -> list[str]:
     mark = "*" if row.best else " "
     if not row.cells:
-        return [f"{mark}{row.quant}", human_bytes(row.size_bytes), row.placement, *["-"] * n_kv]
+        return [f"{mark}{row.quant}", format_size(row.size_bytes), row.placement, *["-"] * n_kv]
     cells = [_render_cell(c) for c in row.cells][:n_kv]
-    return [f"{mark}{row.quant}", human_bytes(row.size_bytes), row.placement, *cells]
+    return [f"{mark}{row.quant}", format_size(row.size_bytes), row.placement, *cells]
 
 
 def _render_cell(cell: MatrixCell) -> str:

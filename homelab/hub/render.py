@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from homelab.hub.progress import ProgressSink
+from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.gguf.quantize import Provenance
@@ -18,13 +19,6 @@ if TYPE_CHECKING:
     from homelab.hub.library import LocalModel
     from homelab.hub.pull import PulledModel
     from homelab.hub.quants import GgufEntry
-
-
-def human_bytes(n_bytes: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n_bytes >= 1 << shift:
-            return f"{n_bytes / (1 << shift):.2f} {unit}"
-    return f"{n_bytes} B"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -125,7 +119,7 @@ def format_listing(listing: RepoListing) -> str:
     if not listing.entries:
         return head
     rows = [
-        [e.label, human_bytes(e.total_bytes), str(len(e.files)), _file_note(e)]
+        [e.label, format_size(e.total_bytes), str(len(e.files)), _file_note(e)]
         for e in listing.entries
     ]
     lines = [head, table(["QUANT", ">SIZE", ">FILES", "FILE"], rows)]
@@ -162,13 +156,13 @@ def pulled_document(pulled: PulledModel) -> dict[str, Any]:
 
 def format_pulled(pulled: PulledModel) -> str:
     fetched = (
-        f"downloaded {human_bytes(pulled.downloaded_bytes)}, verified"
+        f"downloaded {format_size(pulled.downloaded_bytes)}, verified"
         if pulled.downloaded_bytes
         else "already downloaded"
     )
     name = f"{pulled.repo_id}:{pulled.quant}"
     return (
-        f"{name} ({human_bytes(pulled.total_bytes)}, {fetched})\n{pulled.path}\n\n"
+        f"{name} ({format_size(pulled.total_bytes)}, {fetched})\n{pulled.path}\n\n"
         f"Next: homelab plan {name}   Run: homelab run {name} --chat"
     )
 
@@ -220,7 +214,7 @@ def format_models(
 
 def _model_row(model: LocalModel, fit: Fit | None) -> list[str]:
     info = model.info
-    size = human_bytes(model.size_bytes)
+    size = format_size(model.size_bytes)
     if info is None:
         unreadable = f"unreadable: {model.problem}"
         return [model.name, model.quant, size, "-", "-", "-", unreadable, model.origin]
@@ -249,7 +243,7 @@ def _params(n_params: int) -> str:
 
 def format_quantized(record: Provenance) -> str:
     return (
-        f"{record.source_file_type} {human_bytes(record.source_bytes)} -> "
-        f"{record.quant} {human_bytes(record.target_bytes)}\n{record.target}\n\n"
+        f"{record.source_file_type} {format_size(record.source_bytes)} -> "
+        f"{record.quant} {format_size(record.target_bytes)}\n{record.target}\n\n"
         f"Compare quality: homelab quality {record.target}   Plan: homelab plan {record.target}"
     )

@@ -15,10 +15,12 @@ become :mod:`homelab.errors` types with a message that says what to do.
     memory      SequenceMemory: clear, drop a suffix, copy, first / last position
     logits      a decode's logits as numpy views
     sampler     SamplerChain: llama.cpp's sampler-chain API
+    candidates  the distribution a chain picks from (speculative sampling's acceptance rule)
     quantize    llama_model_quantize with progress, and its dry run for the output size
     backend     build facts (version, GPU offload, system info) and ggml's device registry
     grammar     JSON schema -> GBNF
 
-Importing this package (or any module but ``logits``) is cheap: llama-cpp-python's shared
-library loads on the first call that needs it, and numpy only with ``logits``.
+Importing this package (or any module but ``logits`` and ``candidates``) is cheap:
+llama-cpp-python's shared library loads on the first call that needs it, and numpy only with
+those two.
 """

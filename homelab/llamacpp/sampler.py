@@ -95,6 +95,11 @@ class SamplerChain:
         """The token chosen from batch row ``row`` of the last decode on ``context``."""
         return int(self._lib.llama_sampler_sample(self.pointer, context.pointer, row))
 
+    def accept(self, token: int) -> None:
+        """Record ``token`` as chosen (penalties, grammar) when it was picked outside the
+        chain, e.g. by speculative decoding's acceptance rule."""
+        self._lib.llama_sampler_accept(self.pointer, token)
+
     def close(self) -> None:
         if self.pointer is not None:
             self._lib.llama_sampler_free(self.pointer)

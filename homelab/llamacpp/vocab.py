@@ -42,6 +42,15 @@ class Vocab:
         """Whether the model expects a BOS token in front of a text."""
         return bool(self._lib.llama_vocab_get_add_bos(self.pointer))
 
+    @property
+    def adds_eos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_eos(self.pointer))
+
+    @property
+    def kind(self) -> int:
+        """llama.cpp's ``enum llama_vocab_type`` (SPM, BPE, WPM, UGM, RWKV...)."""
+        return int(self._lib.llama_vocab_type(self.pointer))
+
     def is_end_of_generation(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self.pointer, token))
 

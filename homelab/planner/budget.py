@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from homelab.errors import ConfigError, PlanError
+from homelab.units import GIB, MIB, format_gib
 
 if TYPE_CHECKING:
     from homelab.hardware.profiles import GpuProfile
     from homelab.hardware.report import HardwareReport
 
-MIB = 1 << 20
-GIB = 1 << 30
 DEFAULT_MARGIN_BYTES = 256 * MIB  # left free on every GPU
 DESKTOP_RESERVE_BYTES = 768 * MIB  # a profile GPU also drives a display and desktop apps
 DEFAULT_GPU_OVERHEAD_BYTES = 512 * MIB  # llama.cpp users measure 0.3-0.75 GiB
@@ -258,4 +257,4 @@ def _positive_budget(budget: int, what: str) -> int:
 
 
 def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / GIB:.2f} GiB"
+    return format_gib(n_bytes)

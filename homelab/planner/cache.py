@@ -22,8 +22,6 @@ from homelab.gguf.model import ModelInfo
 from homelab.planner.geometry import CacheGeometry, cache_geometry
 from homelab.settings import Settings
 
-MIB = 1 << 20
-GIB = 1 << 30
 CTX_PAD = 256  # llama.cpp pads n_ctx, n_ctx_seq and the SWA cache to this
 
 # ggml cache types: (elements per block, bytes per block); their ids live in homelab.llamacpp.

@@ -30,7 +30,6 @@ from typing import Any
 from homelab.errors import EngineError
 from homelab.settings import Settings
 
-MIB = 1 << 20
 DRY_RUN_TIMEOUT_S = 60.0
 _KV_SIZE = re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")
 _RS_SIZE = re.compile(r"llama_memory_recurrent: size =\s*([\d.]+) MiB")

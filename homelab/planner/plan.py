@@ -16,7 +16,6 @@ from typing import Any
 
 from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Hardware, resolve_hardware
-from homelab.planner.cache import MIB
 from homelab.planner.dryrun import DryRunResult, dry_run
 from homelab.planner.memory import MemoryEstimate, MemoryModel
 from homelab.planner.predict import Prediction, predict_speed
@@ -35,6 +34,7 @@ from homelab.planner.search import (
     order_by_quality,
 )
 from homelab.settings import Settings
+from homelab.units import GIB, MIB, format_gib
 
 LOG_RESOLUTION_MIB = 0.005  # llama.cpp logs sizes in MiB with two decimals
 
@@ -400,8 +400,8 @@ def explain(
         )
     tight = choice.estimate.tightest
     reasons.append(
-        f"tightest device: {tight.name} uses {tight.total_bytes / (1 << 30):.2f} of "
-        f"{tight.budget_bytes / (1 << 30):.2f} GiB budget"
+        f"tightest device: {tight.name} uses {tight.total_bytes / GIB:.2f} of "
+        f"{format_gib(tight.budget_bytes)} budget"
     )
     return reasons
 

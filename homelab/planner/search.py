@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from homelab.errors import PlanError
 from homelab.gguf.model import ModelInfo
-from homelab.planner.budget import GIB, Hardware
+from homelab.planner.budget import Hardware
 from homelab.planner.cache import CTX_PAD, pad
 from homelab.planner.memory import MemoryEstimate, MemoryModel
 from homelab.planner.predict import roofline_decode_tok_s
@@ -36,6 +36,7 @@ from homelab.planner.rules import (
     kv_quality,
 )
 from homelab.settings import Settings
+from homelab.units import format_gib
 
 GOALS = ("context", "quality", "throughput")
 DEFAULT_MIN_CONTEXT = 4096
@@ -510,4 +511,4 @@ def _smallest(low: int, high: int, ok: Callable[[int], bool]) -> int:
 
 
 def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / GIB:.2f} GiB"
+    return format_gib(n_bytes)

@@ -2,25 +2,8 @@
 
 from __future__ import annotations
 
-KIB = 1 << 10
-MIB = 1 << 20
-GIB = 1 << 30
 NOT_AVAILABLE = "N/A"
 HIDDEN = "–"  # shown instead of live numbers while they are frozen (snapshot mode)
-
-
-def human_bytes(size_bytes: int | None) -> str:
-    """1536 -> "1.5 KiB", 25769803776 -> "24.0 GiB"."""
-    if size_bytes is None:
-        return NOT_AVAILABLE
-    magnitude = abs(size_bytes)
-    if magnitude >= GIB:
-        return f"{size_bytes / GIB:.1f} GiB"
-    if magnitude >= MIB:
-        return f"{size_bytes / MIB:.1f} MiB"
-    if magnitude >= KIB:
-        return f"{size_bytes / KIB:.1f} KiB"
-    return f"{size_bytes} B"
 
 
 def human_tokens(tokens: int) -> str:

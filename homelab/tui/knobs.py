@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from homelab.settings import COMPARED_KV_TYPES
+
 AUTO = "auto"
-KV_CHOICES = ("f16", "q8_0", "q4_0")
+KV_CHOICES = COMPARED_KV_TYPES
 CONTEXT_CHOICES = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SLOT_CHOICES = (1, 2, 4, 8)
 

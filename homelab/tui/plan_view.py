@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from homelab.tui.bars import LIGHT_SHADE, Segment
-from homelab.tui.format import human_bytes, human_tokens
+from homelab.tui.format import human_tokens
+from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.loader import LoadReport
@@ -97,7 +98,7 @@ def verdict(plan: Plan) -> str:
     if plan.fits:
         return f"[b $success]✔ fits[/] on {where} · {predicted}"
     tight = plan.memory.tightest
-    short = human_bytes(tight.total_bytes - tight.budget_bytes)
+    short = format_size(tight.total_bytes - tight.budget_bytes, digits=1)
     return (
         f"[b $error]✘ does not fit[/]: {tight.name} is {short} over its budget. "
         "Lower the context, quantize the KV cache, or pick a smaller quant."
@@ -139,7 +140,8 @@ def device_segments(device: DeviceMemory) -> list[Segment]:
 def device_view(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | None) -> DeviceView:
     used = 100 * device.total_bytes / max(device.budget_bytes, 1)
     over = "" if device.fits else " [b red]over budget[/]"
-    usage = f"{human_bytes(device.total_bytes)} of {human_bytes(device.budget_bytes)}"
+    total, budget = format_size(device.total_bytes, 1), format_size(device.budget_bytes, 1)
+    usage = f"{total} of {budget}"
     title = f"[b]{escape(device.name)}[/b] {escape(device.label)} · {usage} ({used:.0f}%){over}"
     return DeviceView(title, device_segments(device), legend(device, actual))
 
@@ -153,12 +155,12 @@ def legend(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | None)
         "overhead": device.overhead_bytes,
     }
     shown = [
-        f"[{PART_STYLES[name]}]■[/] {name} {human_bytes(value)}"
+        f"[{PART_STYLES[name]}]■[/] {name} {format_size(value, digits=1)}"
         for name, value in values.items()
         if value or name in ("weights", "KV")
     ]
     if device.fits:
-        shown.append(f"[{FREE_STYLE}]░[/] free {human_bytes(device.headroom_bytes)}")
+        shown.append(f"[{FREE_STYLE}]░[/] free {format_size(device.headroom_bytes, digits=1)}")
     text = "  ".join(shown)
     measured = (actual or {}).get(device.name)
     if measured:
@@ -172,8 +174,8 @@ def actual_line(predicted: Mapping[str, int], measured: Mapping[str, int]) -> st
     for name in ("weights", "KV", "recurrent", "compute"):
         if name in measured:
             pieces.append(
-                f"{name} {human_bytes(measured[name])} "
-                f"[dim](predicted {human_bytes(predicted.get(name, 0))})[/]"
+                f"{name} {format_size(measured[name], digits=1)} "
+                f"[dim](predicted {format_size(predicted.get(name, 0), digits=1)})[/]"
             )
     return "[b]after load:[/b] " + " · ".join(pieces)
 

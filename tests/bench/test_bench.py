@@ -27,13 +27,13 @@ from homelab.bench.concurrency import (
     aggregate_decode_tok_s,
     run_concurrent,
 )
-from homelab.lock import server_lock
 from homelab.bench.prompts import PromptSource
 from homelab.bench.render import concurrency_chart, concurrency_table
 from homelab.cli import main
 from homelab.engine.api import RequestStats
 from homelab.engine.engine import Engine
 from homelab.gguf.reader import read_model
+from homelab.lock import server_lock
 from homelab.planner.plan import plan_model
 from homelab.planner.search import PlanRequest
 

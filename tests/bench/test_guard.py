@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from homelab.lock import lock_path, refuse_if_server_running, running_server, server_lock
 from homelab.errors import BenchError
+from homelab.lock import lock_path, refuse_if_server_running, running_server, server_lock
 
 
 def test_no_lock_means_no_server() -> None:

@@ -8,10 +8,11 @@ from dataclasses import replace
 from tui_fakes import GIB, MIB, fake_rtx_24gb, gpu_24gb_machine
 
 from homelab.tui.bars import share_cells
-from homelab.tui.format import human_bytes, human_tokens
+from homelab.tui.format import human_tokens
 from homelab.tui.hardware_source import live_from_report, vram_share
 from homelab.tui.knobs import Knobs, cycle
 from homelab.tui.live import Coalescer, Inbox, TextBuffer
+from homelab.units import format_size
 
 
 def test_bar_cells_are_proportional_and_fill_the_width() -> None:
@@ -72,9 +73,9 @@ def test_knobs_parse_select_values_and_cycle_through_auto() -> None:
 
 
 def test_sizes_read_like_a_person_wrote_them() -> None:
-    assert human_bytes(24 * GIB) == "24.0 GiB"
-    assert human_bytes(1536) == "1.5 KiB"
-    assert human_bytes(None) == "N/A"
+    assert format_size(24 * GIB, digits=1) == "24.0 GiB"
+    assert format_size(1536, digits=1) == "1.5 KiB"
+    assert format_size(None, digits=1) == "N/A"
     assert human_tokens(131072) == "128k" and human_tokens(1 << 20) == "1M"
     assert human_tokens(10496) == "10.2k"  # floored: never more than is reachable
     assert human_tokens(1000) == "1000"

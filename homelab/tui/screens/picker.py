@@ -13,9 +13,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, ProgressBar, Static
 
-from homelab.tui.format import human_bytes
 from homelab.tui.messages import DownloadRequested
 from homelab.tui.services import FitBadge, ModelChoice
+from homelab.units import format_size
 
 COLUMNS = ("model", "size", "where", "fit on this machine")
 BADGE_STYLES = {"good": "bold green", "ok": "green", "offload": "yellow", "no": "bold red"}
@@ -96,7 +96,7 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
             badge = self.badges.get(choice.ref)
             table.add_row(
                 Text(choice.title, style="bold" if choice == self.current else ""),
-                Text(human_bytes(choice.size_bytes), justify="right"),
+                Text(format_size(choice.size_bytes, digits=1), justify="right"),
                 Text(choice.detail, style="dim"),
                 badge_text(badge) if badge else Text("planning…", style="dim"),
                 key=choice.ref,
@@ -127,7 +127,8 @@ class ModelPicker(ModalScreen[ModelChoice | None]):
     def show_progress(self, label: str, done_bytes: int, total_bytes: int) -> None:
         self.pull.add_class("-active")
         self.pull_label.update(
-            f"Downloading {escape(label)}: {human_bytes(done_bytes)} of {human_bytes(total_bytes)}"
+            f"Downloading {escape(label)}: "
+            f"{format_size(done_bytes, digits=1)} of {format_size(total_bytes, digits=1)}"
         )
         self.pull_bar.update(total=max(total_bytes, 1), progress=done_bytes)
 

@@ -9,9 +9,10 @@ from textual.widgets import Static
 
 from homelab.hardware.gpu import GpuInfo, GpuSnapshot
 from homelab.hardware.report import HardwareReport
-from homelab.tui.format import HIDDEN, human_bytes, shown
+from homelab.tui.format import HIDDEN, shown
 from homelab.tui.hardware_source import LiveHardware, vram_share
 from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
+from homelab.units import format_size
 
 OURS_STYLE = "bold #5fafff"
 OTHER_STYLE = "#d7875f"
@@ -30,11 +31,11 @@ def vram_segments(snapshot: GpuSnapshot) -> list[Segment]:
 
 def vram_legend(snapshot: GpuSnapshot) -> str:
     share = vram_share(snapshot)
-    ours = human_bytes(share.ours_bytes) if share.ours_known else "0 B"
+    ours = format_size(share.ours_bytes, digits=1) if share.ours_known else "0 B"
     return (
         f"[{OURS_STYLE}]■[/] ours {ours}  "
-        f"[{OTHER_STYLE}]■[/] other processes {human_bytes(share.other_bytes)}  "
-        f"[dim]░[/] free {human_bytes(share.free_bytes)}"
+        f"[{OTHER_STYLE}]■[/] other processes {format_size(share.other_bytes, digits=1)}  "
+        f"[dim]░[/] free {format_size(share.free_bytes, digits=1)}"
     )
 
 
@@ -71,7 +72,7 @@ class GpuView(Vertical):
         yield self.legend
 
     def show(self, snapshot: GpuSnapshot, *, frozen: bool) -> None:
-        total = human_bytes(snapshot.memory_total_bytes)
+        total = format_size(snapshot.memory_total_bytes, digits=1)
         unified = " (unified with RAM)" if snapshot.unified_memory else ""
         self.title.update(
             f"[b]GPU {self.gpu.index}[/b] {escape(self.gpu.name)} · {total}{unified}  "
@@ -129,8 +130,9 @@ class HardwarePanel(Vertical):
         used = max(live.ram_total_bytes - live.ram_available_bytes, 0)
         cpu = HIDDEN if frozen or live.cpu_percent is None else f"{live.cpu_percent:.0f}%"
         self.ram_line.update(
-            f"[b]RAM[/b] {human_bytes(used)} used of {human_bytes(live.ram_total_bytes)} · "
-            f"{human_bytes(live.ram_available_bytes)} available  [dim]CPU load {cpu}[/]"
+            f"[b]RAM[/b] {format_size(used, digits=1)} used of "
+            f"{format_size(live.ram_total_bytes, digits=1)} · "
+            f"{format_size(live.ram_available_bytes, digits=1)} available  [dim]CPU load {cpu}[/]"
         )
         self.ram_bar.update(
             [
