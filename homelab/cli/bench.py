@@ -1,7 +1,8 @@
 """``homelab bench MODEL``: this machine's speed for the planned configuration and the
 concurrency × K/V-type table, saved as a hardware profile (see :mod:`homelab.bench.measure`).
 
-MODEL is any form ``homelab plan`` takes that has a file on this machine.
+MODEL is any form ``homelab plan`` takes; one that is not here yet is downloaded first, after
+its plan (for ``--budget`` when given) is shown (see :mod:`homelab.models.fetch`).
 """
 
 from __future__ import annotations
@@ -51,15 +52,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--kv-types", default=DEFAULT_KV_TYPES, help=f"K/V types ({DEFAULT_KV_TYPES})"
     )
     table.add_argument("--repeat", type=int, default=1, help="runs per cell, median kept (1)")
+    flags.add_download_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from homelab.bench.measure import measure
+    from homelab.bench.planning import bench_hardware
     from homelab.bench.render import bench_report, print_all, progress_bar
 
     options = bench_options(args)
     options.check()
-    path = flags.model_ref(args.model).local_path()
+    hardware = bench_hardware(options.budget_bytes)
+    path = flags.local_model(args, hardware=hardware).local_path()
     with progress_bar(options.steps, "bench") as ticker:
         outcome = measure(path, options, ticker)
     if args.json:

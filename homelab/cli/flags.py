@@ -13,9 +13,11 @@ import argparse
 from typing import TYPE_CHECKING
 
 from homelab.settings import KV_TYPES
+from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.api import SamplingParams
+    from homelab.models.fetch import Confirm, DownloadOffer
     from homelab.models.launch import Overrides
     from homelab.models.ref import ModelRef
     from homelab.planner.budget import Hardware
@@ -42,6 +44,62 @@ def model_ref(text: str) -> ModelRef:
     from homelab.models.ref import resolve
 
     return resolve(text)
+
+
+def add_download_flags(parser: argparse.ArgumentParser) -> None:
+    """``--yes`` / ``--force``: a MODEL not on this machine is downloaded after its plan."""
+    group = parser.add_argument_group("download (MODEL not on this machine yet)")
+    group.add_argument(
+        "-y", "--yes", action="store_true", help="download without asking (the plan is shown)"
+    )
+    group.add_argument(
+        "--force", action="store_true", help="download even when the plan says it does not fit"
+    )
+
+
+def local_model(
+    args: argparse.Namespace, request: PlanRequest | None = None, hardware: Hardware | None = None
+) -> ModelRef:
+    """``args.model`` with its file on this machine: a hub ref or catalogue name that is not
+    downloaded yet is planned (shown on stderr), confirmed (``--yes``, else asked on the
+    terminal) and downloaded with a progress bar on stderr — :mod:`homelab.models.fetch`."""
+    from homelab.hub.render import TqdmProgress
+    from homelab.models.fetch import fetch_model
+
+    ref = model_ref(args.model)
+    if ref.on_disk:
+        return ref
+    return fetch_model(
+        ref,
+        confirm=ask_to_download(args),
+        progress=TqdmProgress(bars=not args.json),
+        request=request,
+        hardware=hardware,
+        force=getattr(args, "force", False),
+    )
+
+
+def ask_to_download(args: argparse.Namespace) -> Confirm:
+    """Show the offer on stderr; yes with ``--yes``, a refusal without a terminal, else ask."""
+    import sys
+
+    from homelab.models.fetch import DownloadRefused
+
+    def confirm(offer: DownloadOffer) -> bool:
+        print(f"homelab: {offer.describe()}", file=sys.stderr, flush=True)
+        if getattr(args, "yes", False):
+            return True
+        if not sys.stdin.isatty():
+            raise DownloadRefused(
+                f"{offer.requested} is not downloaded yet, and there is no terminal to ask "
+                f"whether to download {offer.name} ({format_size(offer.size_bytes)}).",
+                hint="Pass --yes to download it without asking, or download it first: "
+                f"homelab pull {offer.name}",
+            )
+        print("Download it now? [y/N] ", end="", file=sys.stderr, flush=True)
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+    return confirm
 
 
 # --- planning --------------------------------------------------------------------------------

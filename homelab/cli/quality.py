@@ -1,7 +1,9 @@
 """``homelab quality MODEL``: what the plan's K/V cache (and weights) cost in quality
 (see :mod:`homelab.bench.plan_quality`).
 
-MODEL (and ``--reference``) is any form ``homelab plan`` takes that has a file on this machine.
+MODEL is any form ``homelab plan`` takes; one that is not here yet is downloaded first, after
+its plan (for ``--budget`` when given) is shown (see :mod:`homelab.models.fetch`).
+``--reference`` is any form that has a file on this machine.
 """
 
 from __future__ import annotations
@@ -33,14 +35,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--budget", metavar="BYTES", help="plan with this much memory (e.g. 2GiB)")
     parser.add_argument("--no-save", action="store_true", help="do not keep the result")
+    flags.add_download_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from homelab.bench.plan_quality import QualityOptions, measure_plan_quality
-    from homelab.bench.planning import parse_budget
+    from homelab.bench.planning import bench_hardware, parse_budget
     from homelab.bench.render import print_all, progress_bar, quality_report
 
-    path = flags.model_ref(args.model).local_path()
+    budget_bytes = parse_budget(args.budget)
+    path = flags.local_model(args, hardware=bench_hardware(budget_bytes)).local_path()
     reference = flags.model_ref(args.reference).local_path() if args.reference else None
     options = QualityOptions(
         text=Path(args.text) if args.text else None,
@@ -48,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         max_chunks=args.chunks,
         kv_types=tuple(kv.strip() for kv in args.kv_types.split(",") if kv.strip()),
         reference=reference,
-        budget_bytes=parse_budget(args.budget),
+        budget_bytes=budget_bytes,
         save=not args.no_save,
     )
     with progress_bar(None, "quality") as ticker:

@@ -1,10 +1,12 @@
 """``homelab run MODEL``: load a model, stream an answer, end with prompt/decode tok/s and TTFT.
 
-MODEL is any form ``homelab plan`` takes that has a file on this machine (a hub repo runs its
-downloaded file). ``--prompt TEXT`` sends one completion; ``--chat`` reads user turns from
-stdin (one per line) and answers through the model's chat template. The model is planned
-like ``homelab plan`` with the same flags (each one given is fixed); ``--no-plan`` loads the
-flags as given.
+MODEL is any form ``homelab plan`` takes. One that is not on this machine yet (a hub ref, a
+catalogue name) is downloaded first: its plan from the remote header is shown, then (with
+``--yes``, or after asking) the verified download with a progress bar, then the run — see
+:mod:`homelab.models.fetch`. ``--prompt TEXT`` sends one completion; ``--chat`` reads user
+turns from stdin (one per line) and answers through the model's chat template. The model is
+planned like ``homelab plan`` with the same flags (each one given is fixed); ``--no-plan``
+loads the flags as given.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from homelab.cli import flags
 if TYPE_CHECKING:
     from homelab.engine.api import FinishEvent, GenerationRequest
     from homelab.engine.engine import Engine
-    from homelab.models.ref import ModelRef
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +32,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_sampling_flags(parser)
     flags.add_plan_flags(parser)  # the same knobs as `homelab plan` and `homelab serve`
     flags.add_engine_flags(parser, no_plan=True)
+    flags.add_download_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    ref = flags.model_ref(args.model)
-    with open_for_run(ref, args) as engine:
+    with open_for_run(args) as engine:
         if engine.load_report.stepped_down:
             print(f"homelab: {engine.load_report.summary()}", file=sys.stderr)
         if args.chat:
@@ -43,14 +44,15 @@ def run(args: argparse.Namespace) -> int:
         return _complete(engine, args)
 
 
-def open_for_run(ref: ModelRef, args: argparse.Namespace) -> Engine:
-    """The plan for this machine with the flags as fixed knobs, loaded; ``--no-plan``: the
-    flags as given."""
+def open_for_run(args: argparse.Namespace) -> Engine:
+    """MODEL (downloaded first when it is not here), planned for this machine with the flags
+    as fixed knobs, loaded; ``--no-plan``: the flags as given."""
     from homelab.models.launch import load_unplanned, open_engine
 
     if args.no_plan:
-        return load_unplanned(ref, flags.unplanned_settings(args))
+        return load_unplanned(flags.local_model(args), flags.unplanned_settings(args))
     request, hardware = flags.plan_request(args), flags.hardware(args)
+    ref = flags.local_model(args, request, hardware)
     engine, _ = open_engine(ref, request, hardware, flags.overrides(args))
     return engine
 

@@ -57,8 +57,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cors-origin", action="append", default=[], help="allowed browser origin")
     parser.add_argument("--log-prompts", action="store_true", help="log prompts and outputs (off)")
+    parser.add_argument(
+        "--embeddings",
+        choices=("mean", "cls", "last"),
+        help="also serve /v1/embeddings from a generative model, with this pooling",
+    )
     flags.add_plan_flags(parser)
     flags.add_engine_flags(parser)
+    flags.add_download_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,9 +86,13 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     from homelab.server.app import create_app
     from homelab.server.runner import EngineHolder, bind_socket, run_holding_lock, uvicorn_server
 
-    ref = flags.model_ref(args.model)
-    model_path = ref.local_path()  # a model that is not here fails now, before any announcement
-    plan = plan_file(ref, flags.plan_request(args), flags.hardware(args))
+    request, hardware = flags.plan_request(args), flags.hardware(args)
+    ref = flags.local_model(args, request, hardware)  # downloaded (or refused) before announcing
+    model_path = ref.local_path()
+    from homelab.server.embeddings_setup import planning_hardware
+
+    embeddings = getattr(args, "embeddings", None)
+    plan = plan_file(ref, request, planning_hardware(model_path, hardware, embeddings))
     keys, new_key = _keys_for(args, keys_path)
     config = _config(args, model_path, keys)
     sock = bind_socket(args.host, args.port)
@@ -91,7 +101,9 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     holder = EngineHolder()
     server = uvicorn_server(create_app(holder, config))
     loader = threading.Thread(
-        target=_load, args=(holder, ref, plan, flags.overrides(args), server), daemon=True
+        target=_load,
+        args=(holder, ref, plan, flags.overrides(args), server, embeddings),
+        daemon=True,
     )
     loader.start()
     _announce_start(args, config, keys_path, new_key)
@@ -121,12 +133,17 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) ->
 
 
 def _load(
-    holder: EngineHolder, ref: ModelRef, plan: Plan, overrides: Overrides, server: Any
+    holder: EngineHolder,
+    ref: ModelRef,
+    plan: Plan,
+    overrides: Overrides,
+    server: Any,
+    embeddings: str | None = None,
 ) -> None:
-    from homelab.models.launch import load_plan
+    from homelab.server.embeddings_setup import load_serving_engine
 
     try:
-        engine = load_plan(ref, plan, overrides)
+        engine = load_serving_engine(ref, plan, overrides, embeddings)
     except BaseException as exc:
         holder.failure = exc
         server.should_exit = True

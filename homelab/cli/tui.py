@@ -17,15 +17,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
         optional=True,
         help=f"{flags.MODEL_HELP} (default: the first local model, else the generated demo)",
     )
+    flags.add_download_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json:
+    if args.json:  # the status only: nothing is downloaded
         from homelab.tui.status import status_document
 
         print(json.dumps(status_document(args.model), indent=2))
         return 0
     from homelab.tui.app import make_app
 
-    make_app(args.model).run()
+    make_app(_downloaded(args)).run()
     return 0
+
+
+def _downloaded(args: argparse.Namespace) -> str | None:
+    """MODEL, downloaded first (plan shown, asked on the terminal) when it is not here."""
+    if args.model is None:
+        return None
+    from homelab.models.ref import HubModel
+
+    ref = flags.local_model(args)
+    return ref.label if isinstance(ref, HubModel) else args.model

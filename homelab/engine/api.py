@@ -69,6 +69,8 @@ class RequestStats:
     decode_tok_s: float
     queue_s: float
     evaluated_tokens: int = 0  # prompt tokens actually evaluated (prompt_tokens - cached_tokens)
+    draft_tokens: int = 0  # tokens drafted for it (speculative decoding), verified or not
+    accepted_draft_tokens: int = 0  # completion tokens that came from an accepted draft
 
 
 @dataclass(frozen=True)
@@ -95,3 +97,9 @@ class EngineMetrics:
     steps_total: int = 0  # scheduler steps (llama_decode calls) so far
     prefill_tokens_total: int = 0
     decode_tokens_total: int = 0
+    speculation: str | None = None  # "ngram" or "draft" when the engine speculates
+    draft_tokens_total: int = 0  # drafted tokens the target verified
+    accepted_draft_tokens_total: int = 0
+    acceptance_rate: float | None = None  # rolling accepted / drafted (None: nothing drafted)
+    tokens_per_target_step: float | None = None  # rolling tokens a generating sequence gains
+    # per target step: 1.0 without speculation, up to 1 + max_draft_tokens with it

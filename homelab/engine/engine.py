@@ -5,6 +5,12 @@
         for event in handle:            # or: async for event in handle
             ...
 
+Speculative decoding is a load option: ``Engine.load(path, settings,
+speculation=SpeculationConfig(kind="ngram"))`` (prompt lookup) or ``SpeculationConfig(
+kind="draft", draft_path=...)`` (a small model with the same vocabulary); see
+``homelab.engine.speculation``. Outputs are the same tokens (greedy) or the same distribution
+(sampling) as without it.
+
 ``submit`` checks everything that can be checked before compute (context length, queue
 bound, token ids, grammar) and raises ``ContextLengthError`` / ``BusyError`` /
 ``EngineError`` synchronously; after that, problems arrive as a ``FinishEvent`` with
@@ -37,6 +43,7 @@ from homelab.engine.prompt_bound import tokenize_within
 from homelab.engine.sampling import SamplerChain
 from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig
 from homelab.engine.slots import SlotState, SlotTable
+from homelab.engine.speculation import SpeculationConfig, Speculator, check_target
 from homelab.engine.text import StopMatcher
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo
@@ -58,8 +65,11 @@ class Engine:
         *,
         queue_limit: int = 64,
         prefill_chunk_tokens: int | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         self._loaded = loaded
+        self._speculator = speculator
+        self.speculation: SpeculationConfig | None = speculator.config if speculator else None
         self.model_info = model_info
         self.load_report: LoadReport = loaded.report
         self.settings: Settings = loaded.report.settings
@@ -69,7 +79,9 @@ class Engine:
         self.n_slots = loaded.report.n_slots
         self.bos_token_id = vocab.bos
         self.eog_tokens = vocab.end_of_generation_tokens()
-        self._meter = EngineMeter(self.n_slots, loaded.report.n_ctx)
+        self._meter = EngineMeter(
+            self.n_slots, loaded.report.n_ctx, speculator.kind if speculator else None
+        )
         self._slots = slots = SlotTable(
             self.n_slots,
             loaded.context.memory,
@@ -86,11 +98,12 @@ class Engine:
         chunk = prefill_chunk_tokens or loaded.context.n_ubatch
         config = SchedulerConfig(n_batch, self.n_vocab, self.n_ctx_per_slot, chunk, queue_limit)
         self._scheduler = Scheduler(
-            loaded.context, vocab, slots, self._meter, config, self.eog_tokens
+            loaded.context, vocab, slots, self._meter, config, self.eog_tokens, speculator
         )
         self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
         self._chat_template = self._make_chat_template()
         self._closed = False
+        self.embedder: Any = None  # an Embedder on this model (see engine/embeddings.py)
         self._close_lock = threading.Lock()
         self._scheduler.start()
 
@@ -107,19 +120,32 @@ class Engine:
         prefill_chunk_tokens: int | None = None,
         predicted: Mapping[str, Any] | None = None,
         record_calibration: bool = True,
+        speculation: SpeculationConfig | None = None,
     ) -> Engine:
         """Load ``model_path`` with ``settings`` (stepping down on OOM) and start serving.
 
         ``predicted`` (the planner's memory prediction) is stored next to what was really
-        allocated in the calibration record.
+        allocated in the calibration record. ``speculation`` turns on speculative decoding;
+        a target or draft it cannot work with raises ``SpeculationError`` (an EngineError).
         """
+        if speculation is not None:
+            speculation.checked()
         info = read_model(model_path)
         loaded = load_model(model_path, settings, info=info, oom_ladder=on_oom_ladder)
+        speculator = None
         try:
+            if speculation is not None:
+                speculator = _speculator(loaded, info, speculation, prefill_chunk_tokens)
             engine = cls(
-                loaded, info, queue_limit=queue_limit, prefill_chunk_tokens=prefill_chunk_tokens
+                loaded,
+                info,
+                queue_limit=queue_limit,
+                prefill_chunk_tokens=prefill_chunk_tokens,
+                speculator=speculator,
             )
         except BaseException:
+            if speculator is not None:
+                speculator.close()
             loaded.close()
             raise
         if record_calibration:
@@ -281,6 +307,10 @@ class Engine:
         self._scheduler.close()
         if self._scheduler.thread_alive:  # a decode that never returns: leak, don't crash
             return
+        if self.embedder is not None:  # its context lives on our model: free it first
+            self.embedder.close()
+        if self._speculator is not None:
+            self._speculator.close()
         self._loaded.close()
 
     def __enter__(self) -> Engine:
@@ -293,3 +323,37 @@ class Engine:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _speculator(
+    loaded: LoadedModel,
+    info: ModelInfo,
+    config: SpeculationConfig,
+    prefill_chunk_tokens: int | None,
+) -> Speculator:
+    """Check the target can speculate; load the draft model beside it if there is one."""
+    settings = loaded.report.settings
+    check_target(
+        info.architecture,
+        recurrent=loaded.model.keeps_recurrent_state,
+        n_swa=info.n_swa,
+        swa_full=settings.swa_full,
+    )
+    vocab = loaded.model.vocab
+    if config.kind == "ngram":
+        return Speculator(config, vocab.end_of_generation_tokens())
+    from homelab.engine.draft_model import DraftModel
+
+    assert config.draft_path is not None
+    gpu_layers = (
+        settings.n_gpu_layers if config.draft_gpu_layers is None else config.draft_gpu_layers
+    )
+    draft = DraftModel.load(
+        config.draft_path,
+        vocab,
+        loaded.context.params,
+        n_gpu_layers=gpu_layers,
+        catch_up_tokens=prefill_chunk_tokens or loaded.context.n_ubatch,
+        p_min=config.draft_p_min,
+    )
+    return Speculator(config, vocab.end_of_generation_tokens(), draft)

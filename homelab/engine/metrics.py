@@ -38,6 +38,8 @@ class RequestClock:
     cached_tokens: int = 0
     evaluated_tokens: int = 0  # prompt tokens actually put into llama_decode
     completion_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     def stats(self) -> RequestStats:
         end = self.finished or time.perf_counter()
@@ -55,11 +57,25 @@ class RequestClock:
             decode_tok_s=_rate(decoded_after_first, decode_s),
             queue_s=started - self.submitted,
             evaluated_tokens=self.evaluated_tokens,
+            draft_tokens=self.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens,
         )
 
 
 def _rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 and count > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one scheduler step did, for the rolling rates."""
+
+    time: float
+    prefill: int
+    decode: int  # tokens emitted by generating sequences
+    sequences: int = 0  # generating sequences in the step
+    drafted: int = 0
+    accepted: int = 0
 
 
 @dataclass
@@ -72,11 +88,12 @@ class _Subscriber:
 class EngineMeter:
     """Engine-wide counters and rolling throughput; thread-safe reads, one writer."""
 
-    def __init__(self, n_slots: int, kv_cells_total: int) -> None:
+    def __init__(self, n_slots: int, kv_cells_total: int, speculation: str | None = None) -> None:
         self.n_slots = n_slots
         self.kv_cells_total = kv_cells_total
+        self.speculation = speculation
         self._lock = threading.Lock()
-        self._window: deque[tuple[float, int, int]] = deque()  # (time, prefill, decode)
+        self._window: deque[_Step] = deque()
         self._by_status: Counter[str] = Counter()
         self._subscribers: dict[int, _Subscriber] = {}
         self._next_id = 0
@@ -84,6 +101,8 @@ class EngineMeter:
         self.steps_total = 0
         self.prefill_tokens_total = 0
         self.decode_tokens_total = 0
+        self.draft_tokens_total = 0
+        self.accepted_draft_tokens_total = 0
         self.last_ttft_s: float | None = None
         self.active_slots = 0
         self.queue_depth = 0
@@ -92,12 +111,25 @@ class EngineMeter:
 
     # --- written by the scheduler thread -------------------------------------------------
 
-    def record_step(self, now: float, prefill_tokens: int, decode_tokens: int) -> None:
+    def record_step(
+        self,
+        now: float,
+        prefill_tokens: int,
+        decode_tokens: int,
+        sequences: int = 0,
+        drafted: int = 0,
+        accepted: int = 0,
+    ) -> None:
+        """One step: prompt tokens evaluated, tokens emitted by the ``sequences`` that were
+        generating, and how many drafted tokens they verified and kept."""
         with self._lock:
             self.steps_total += 1
             self.prefill_tokens_total += prefill_tokens
             self.decode_tokens_total += decode_tokens
-            self._window.append((now, prefill_tokens, decode_tokens))
+            self.draft_tokens_total += drafted
+            self.accepted_draft_tokens_total += accepted
+            step = _Step(now, prefill_tokens, decode_tokens, sequences, drafted, accepted)
+            self._window.append(step)
             self._trim(now)
 
     def record_first_token(self, ttft_s: float) -> None:
@@ -120,7 +152,7 @@ class EngineMeter:
         )
 
     def _trim(self, now: float) -> None:
-        while self._window and self._window[0][0] < now - ROLLING_WINDOW_S:
+        while self._window and self._window[0].time < now - ROLLING_WINDOW_S:
             self._window.popleft()
 
     # --- read from any thread -------------------------------------------------------------
@@ -129,8 +161,11 @@ class EngineMeter:
         now = time.perf_counter()
         with self._lock:
             self._trim(now)
-            prefill = sum(item[1] for item in self._window)
-            decode = sum(item[2] for item in self._window)
+            prefill = sum(step.prefill for step in self._window)
+            decode = sum(step.decode for step in self._window)
+            sequences = sum(step.sequences for step in self._window)
+            drafted = sum(step.drafted for step in self._window)
+            accepted = sum(step.accepted for step in self._window)
             span = self._span(now)
             by_status = dict(self._by_status)
             requests_total = self.requests_total
@@ -149,13 +184,18 @@ class EngineMeter:
             steps_total=steps,
             prefill_tokens_total=self.prefill_tokens_total,
             decode_tokens_total=self.decode_tokens_total,
+            speculation=self.speculation,
+            draft_tokens_total=self.draft_tokens_total,
+            accepted_draft_tokens_total=self.accepted_draft_tokens_total,
+            acceptance_rate=accepted / drafted if drafted else None,
+            tokens_per_target_step=decode / sequences if sequences else None,
         )
 
     def _span(self, now: float) -> float:
         """Seconds the rolling rates are averaged over (the window, or less at start)."""
         if not self._window:
             return 0.0
-        return max(min(ROLLING_WINDOW_S, now - self._window[0][0]), 0.25)
+        return max(min(ROLLING_WINDOW_S, now - self._window[0].time), 0.25)
 
     # --- subscriptions ---------------------------------------------------------------------
 

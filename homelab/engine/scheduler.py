@@ -12,6 +12,14 @@ Each step the scheduler
    chain, turns tokens into text (complete UTF-8 only, stop strings held back) and hands
    events to the request handles.
 
+With speculation (``homelab.engine.speculation``) a generating sequence may bring a draft:
+its row becomes ``[last, d0 … dk-1]`` with logits at every position, in the same
+``llama_decode`` as everyone else; the target's sampler keeps the agreeing prefix
+(``homelab.engine.acceptance``), the rejected positions are dropped from the cache, and the
+kept tokens are emitted one by one through the same path as a plain token — so a stop
+string, max_tokens, an end-of-generation token or a cancellation in the middle of an
+accepted draft ends the stream exactly where plain decoding would.
+
 Requests join at the next step and leave the moment they finish. If ``llama_decode`` fails,
 the step is rolled back and each sequence retried on its own, so only the request that
 really fails gets an error; any Python error while handling one request fails that request,
@@ -31,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from homelab.engine.acceptance import verify
 from homelab.engine.api import (
     FinishEvent,
     FinishReason,
@@ -41,6 +50,7 @@ from homelab.engine.api import (
 from homelab.engine.metrics import EngineMeter, RequestClock
 from homelab.engine.sampling import SamplerChain, top_logprobs
 from homelab.engine.slots import Slot, SlotTable
+from homelab.engine.speculation import DraftRequest, SequenceSpeculation, Speculator
 from homelab.engine.text import StopMatcher, Utf8Decoder
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
@@ -184,6 +194,7 @@ class Job:
     batch_index: int = -1  # the batch row whose logits this job samples
     utf8: Utf8Decoder = field(default_factory=Utf8Decoder)
     stop: StopMatcher | None = None
+    spec: SequenceSpeculation | None = None  # set at admission when the engine speculates
 
     @property
     def max_tokens(self) -> int:
@@ -199,6 +210,8 @@ class _Part:
     tokens: list[int]
     sample: bool  # take logits for the last token and sample after the decode
     prefill: bool
+    draft: tuple[int, ...] = ()  # drafted tokens (tokens = [last, *draft]): verify them
+    first_row: int = -1
 
 
 @dataclass(frozen=True)
@@ -221,8 +234,10 @@ class Scheduler:
         meter: EngineMeter,
         config: SchedulerConfig,
         eog_tokens: frozenset[int],
+        speculator: Speculator | None = None,
     ) -> None:
         self._context = context
+        self._speculator = speculator
         self._vocab = vocab
         self._slots = slots
         self._meter = meter
@@ -351,6 +366,7 @@ class Scheduler:
         self._run_calls()
         self._drop_cancelled()
         self._admit()
+        self._propose()
         parts = self._plan_batch()
         if parts:
             self._decode(parts)
@@ -386,13 +402,42 @@ class Scheduler:
             job.clock.cached_tokens = placement.n_cached
             job.clock.started = time.perf_counter()
             job.chain.accept_prompt(job.prompt)
+            if self._speculator is not None:
+                job.spec = self._speculator.start(
+                    job.slot.seq_id, job.prompt, placement.n_cached, job.request.sampling
+                )
             self._prefilling.append(job)
+
+    # --- drafts ----------------------------------------------------------------------------
+
+    def _propose(self) -> None:
+        """Let the speculator draft for the generating sequences (never fatal to them)."""
+        if self._speculator is None or not self._decoding:
+            return
+        requests = [self._draft_request(job) for job in self._decoding]
+        reserve = self.config.prefill_chunk_tokens if self._prefilling else 0
+        room = self.config.n_batch - len(self._decoding) - reserve
+        try:
+            self._speculator.propose(requests, room)
+        except Exception:
+            log.exception("drafting failed; decoding without drafts this step")
+            for request in requests:
+                request.state.proposal = None
+
+    def _draft_request(self, job: Job) -> DraftRequest:
+        assert job.slot is not None and job.spec is not None
+        remaining = job.max_tokens - job.clock.completion_tokens  # tokens it may still emit
+        room = self.config.n_ctx_per_slot - job.n_past  # cells left for [last, *draft]
+        limit = min(remaining, room) - 1
+        return DraftRequest(
+            job.slot.seq_id, job.slot.tokens, job.last_token, limit, job.request.sampling, job.spec
+        )
 
     # --- building and running the batch ---------------------------------------------------
 
     def _plan_batch(self) -> list[_Part]:
-        parts = [_Part(job, job.n_past, [job.last_token], True, False) for job in self._decoding]
-        room = self.config.n_batch - len(parts)
+        parts = [self._decode_part(job) for job in self._decoding]
+        room = self.config.n_batch - sum(len(part.tokens) for part in parts)
         budget = min(room, self.config.prefill_chunk_tokens) if parts else room
         for job in self._prefilling:
             if budget <= 0:
@@ -404,26 +449,42 @@ class Scheduler:
             budget -= take
         return parts
 
+    @staticmethod
+    def _decode_part(job: Job) -> _Part:
+        proposal = job.spec.proposal if job.spec is not None else None
+        draft = proposal.tokens if proposal is not None else ()
+        return _Part(job, job.n_past, [job.last_token, *draft], True, False, draft)
+
     def _fill(self, parts: list[_Part]) -> Batch:
         batch = self._batch
         batch.clear()
         for part in parts:
             seq = part.job.slot.seq_id  # type: ignore[union-attr]
-            row = batch.add_run(part.tokens, part.start_pos, seq, output_last=part.sample)
+            every = bool(part.draft)  # a draft is verified at each of its positions
+            row = batch.add_run(
+                part.tokens, part.start_pos, seq, output_last=part.sample, output_all=every
+            )
+            part.first_row = row - len(part.tokens) + 1
             if part.sample:
                 part.job.batch_index = row
         return batch
 
     def _decode(self, parts: list[_Part]) -> None:
+        started = time.perf_counter()
         status = self._context.decode(self._fill(parts))
         if status != 0:
             self._recover(parts, status)
             return
         self._after_decode(parts)
+        if self._speculator is not None and not any(part.prefill for part in parts):
+            rows = sum(len(part.tokens) for part in parts)  # a decode-only step: its cost
+            self._speculator.record_target_step(rows, time.perf_counter() - started)
 
     def _after_decode(self, parts: list[_Part]) -> None:
-        prefill_tokens = decode_tokens = 0
+        prefill_tokens = decode_tokens = drafted = accepted = 0
         for part in parts:
+            if part.draft:
+                continue  # how much of it stays in the cache is known after verifying
             job = part.job
             job.slot.tokens.extend(part.tokens)  # type: ignore[union-attr]
             job.n_past += len(part.tokens)
@@ -431,12 +492,19 @@ class Scheduler:
                 job.prompt_pos += len(part.tokens)
                 job.clock.evaluated_tokens += len(part.tokens)
                 prefill_tokens += len(part.tokens)
-            else:
-                decode_tokens += 1
-        self._meter.record_step(time.perf_counter(), prefill_tokens, decode_tokens)
         for part in parts:
-            if part.sample:
+            if part.draft:
+                emitted, kept = self._verify_safely(part)
+                decode_tokens += emitted
+                drafted += len(part.draft)
+                accepted += kept
+            elif part.sample:
+                decode_tokens += 0 if part.prefill else 1
                 self._sample_safely(part.job)
+        n_sequences = sum(not part.prefill for part in parts)
+        self._meter.record_step(
+            time.perf_counter(), prefill_tokens, decode_tokens, n_sequences, drafted, accepted
+        )
 
     def _recover(self, parts: list[_Part], status: int) -> None:
         """Roll the failed step back, then retry each sequence alone to find the culprit."""
@@ -468,6 +536,60 @@ class Scheduler:
 
     def _sample(self, job: Job) -> None:
         token = job.chain.sample(self._context, job.batch_index)
+        self._emit(job, token, job.batch_index)
+
+    def _verify_safely(self, part: _Part) -> tuple[int, int]:
+        """Verify a draft and emit what it keeps: (tokens emitted, drafted tokens kept)."""
+        try:
+            return self._verify(part)
+        except Exception as exc:
+            log.exception("verifying a draft failed for request %s", part.job.handle.request_id)
+            if part.job.slot is not None:
+                self._fail(part.job, f"sampling failed: {exc}")
+            return 0, 0
+
+    def _verify(self, part: _Part) -> tuple[int, int]:
+        job = part.job
+        spec, slot = job.spec, job.slot
+        assert spec is not None and spec.proposal is not None and slot is not None
+        proposal, spec.proposal = spec.proposal, None
+        ignore_eos = job.request.sampling.ignore_eos
+        rows = range(part.first_row, part.first_row + len(part.tokens))
+        verdict = verify(
+            job.chain,
+            self._context,
+            rows,
+            proposal,
+            lambda token: token in self._eog and not ignore_eos,
+            spec.rng,
+        )
+        keep = len(verdict.tokens)  # the cache holds [last, *draft]: keep [last, *kept]
+        slot.tokens.extend(part.tokens[:keep])
+        job.n_past += keep
+        if keep < len(part.tokens) and not self._slots.rollback(slot, job.n_past):
+            self._fail(job, "llama.cpp could not drop the rejected draft tokens")
+            return 0, verdict.accepted
+        self._speculator.settle(spec, len(part.draft), verdict.accepted)  # type: ignore[union-attr]
+        job.clock.draft_tokens += len(part.draft)
+        return self._emit_kept(job, verdict.tokens, verdict.accepted, part.first_row), (
+            verdict.accepted
+        )
+
+    def _emit_kept(self, job: Job, tokens: tuple[int, ...], accepted: int, first_row: int) -> int:
+        """Emit a verified run one token at a time, as plain decoding would; stop where the
+        request ends (stop string, max_tokens, end of generation, or a cancellation)."""
+        for index, token in enumerate(tokens):
+            if index > 0 and job.handle.cancelled:
+                self._finish(job, "cancelled")
+                return index
+            if index < accepted:
+                job.clock.accepted_draft_tokens += 1
+            if not self._emit(job, token, first_row + index):
+                return index + 1
+        return len(tokens)
+
+    def _emit(self, job: Job, token: int, row: int) -> bool:
+        """Hand one sampled token to the request; False when the request has ended."""
         clock = job.clock
         if not clock.first_token:
             clock.first_token = time.perf_counter()
@@ -475,13 +597,14 @@ class Scheduler:
             self._prefilling.remove(job)
             self._decoding.append(job)
         clock.completion_tokens += 1
-        logprob = self._logprob(job, token) if job.request.sampling.logprobs is not None else None
+        wants_logprob = job.request.sampling.logprobs is not None
+        logprob = self._logprob(job, token, row) if wants_logprob else None
         if token in self._eog and not job.request.sampling.ignore_eos:
             text = self._release_held(job, "")
             if text:
                 job.handle.push(TokenEvent(text, token, logprob))
             self._finish(job, "stop")
-            return
+            return False
         text = job.utf8.feed(self.piece(token))
         stopped = False
         if job.stop is not None:
@@ -489,12 +612,14 @@ class Scheduler:
         if stopped:
             job.handle.push(TokenEvent(text, token, logprob))
             self._finish(job, "stop")
-        elif clock.completion_tokens >= job.max_tokens:
+            return False
+        if clock.completion_tokens >= job.max_tokens:
             job.handle.push(TokenEvent(self._release_held(job, text), token, logprob))
             self._finish(job, "length")
-        else:
-            job.handle.push(TokenEvent(text, token, logprob))
-            job.last_token = token
+            return False
+        job.handle.push(TokenEvent(text, token, logprob))
+        job.last_token = token
+        return True
 
     def _release_held(self, job: Job, text: str) -> str:
         """The end of the stream: whatever the decoder and the stop matcher still hold."""
@@ -512,10 +637,10 @@ class Scheduler:
             self._pieces[token] = cached
         return cached
 
-    def _logprob(self, job: Job, token: int) -> TokenLogprob:
+    def _logprob(self, job: Job, token: int, row: int) -> TokenLogprob:
         n_top = job.request.sampling.logprobs or 0
-        row = self._context.logits_row(job.batch_index)
-        chosen, top = top_logprobs(row, token, n_top)
+        logits = self._context.logits_row(row)
+        chosen, top = top_logprobs(logits, token, n_top)
         text = self._display(token)
         return TokenLogprob(text, chosen, tuple((self._display(t), lp) for t, lp in top))
 

@@ -399,12 +399,13 @@ def parse_demo_ref(spec: str) -> tuple[str, str, str]:
     default_size = EXTRA_DEFAULT_SIZES.get(arch, "tiny")
     size = parts.pop(0).lower() if parts and parts[0].lower() in SIZES else default_size
     quant = parts.pop(0).upper() if parts else "F16"
-    if parts:
+    if parts or quant not in QUANTS:
         raise HomelabError(
             f"cannot read the demo model name {spec!r}",
-            hint="Use demo[:ARCH][:SIZE][:QUANT], e.g. demo:llama:bench:Q8_0.",
+            hint="Use demo[:ARCH][:SIZE][:QUANT], e.g. demo:llama:bench:Q8_0 "
+            f"(ARCH: {', '.join(ARCHS + EXTRAS)}; SIZE: {' or '.join(SIZES)}; "
+            f"QUANT: {', '.join(QUANTS)}).",
         )
-    _checked_quant(quant)
     if arch not in EXTRAS:
         spec_for(arch, size)  # validates arch and size
     return arch, size, quant

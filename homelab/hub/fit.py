@@ -1,7 +1,8 @@
 """How a model fits this machine, as one line for listings (``homelab models``, the picker).
 
 A thin adapter over the planner: each model is planned (memory model only, no dry run) for
-the hardware detected once, and a listing keeps the placement, context and predicted speed.
+the hardware detected once — the memory free now — and a listing keeps the placement,
+context per slot, KV cache type and predicted speed.
 A model that does not fit says so, with the ``homelab quantize`` command when it is a
 high-precision file that a smaller quant could make fit.
 """
@@ -18,11 +19,13 @@ from homelab.gguf.model import ModelInfo
 @dataclass(frozen=True)
 class Fit:
     fits: bool
-    summary: str  # e.g. "all on GPU · 32k ctx · 41.0 t/s", or "no — smaller: homelab quantize …"
+    summary: str  # "all on GPU · 32k ctx · KV q8_0 · 41.0 t/s", or "does not fit — smaller: …"
     detail: str | None  # the planner's full explanation when it does not fit
     n_ctx_per_slot: int | None
     decode_tok_s: float | None
     quantize_command: str | None  # offered when the file is F16/BF16/Q8_0 and does not fit
+    kv: str | None = None  # the KV cache types the plan chose, "q8_0" or "q8_0/f16"
+    placement: str | None = None  # "all on GPU", "30/41 layers on GPU", "CPU"
 
 
 def fits_on_this_machine(
@@ -51,7 +54,9 @@ def fit_for(model: ModelInfo, hardware: object) -> Fit:
         return Fit(False, f"does not fit{advice}", str(error), None, None, command)
     except HomelabError as error:  # an odd model the planner cannot handle: list it anyway
         return Fit(False, "cannot plan", str(error), None, None, None)
-    ctx = plan.settings.n_ctx_per_slot
+    s = plan.settings
+    kv = s.type_k if s.type_k == s.type_v else f"{s.type_k}/{s.type_v}"
     speed = plan.predicted.decode_tok_s
-    summary = f"{placement(plan)} · {tokens_label(ctx)} ctx · {speed_label(speed)}"
-    return Fit(plan.fits, summary, None, ctx, speed, None)
+    where = placement(plan)
+    summary = f"{where} · {tokens_label(s.n_ctx_per_slot)} ctx · KV {kv} · {speed_label(speed)}"
+    return Fit(plan.fits, summary, None, s.n_ctx_per_slot, speed, None, kv, where)

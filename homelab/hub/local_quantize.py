@@ -55,7 +55,7 @@ def quantize_suggestion(model: ModelInfo, quant: str = DEFAULT_QUANT) -> str | N
 
 
 def default_target(source: LocalModel, quant: str) -> Path:
-    stem = source.name
+    stem = source.file_stem
     current = quant_label(stem)
     if current != UNKNOWN_QUANT:
         stem = re.sub(

@@ -94,6 +94,11 @@ def _strip_name(name: str) -> str:
     return match["stem"] if match else name.removesuffix(".gguf")
 
 
+def strip_quant(name: str) -> str:
+    """A file name without split suffix, extension and trailing quant label."""
+    return _stem(name, quant_label(name.rsplit("/", 1)[-1]))
+
+
 def _stem(path: str, quant: str) -> str:
     stem = _strip_name(path.rsplit("/", 1)[-1])
     if quant == UNKNOWN_QUANT:

@@ -38,15 +38,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 class TqdmProgress(ProgressSink):
-    """A tqdm bar on stderr per phase (download, verification)."""
+    """A tqdm bar on stderr per phase (download, verification); ``bars=False``: the notes
+    only (``--json`` runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, bars: bool = True) -> None:
         self._bar: Any = None
+        self._bars = bars
 
     def start(self, label: str, total_bytes: int, done_bytes: int) -> None:
         from tqdm import tqdm
 
         self.finish()
+        if not self._bars:
+            return
         self._bar = tqdm(
             total=total_bytes,
             initial=done_bytes,
@@ -183,6 +187,7 @@ def models_document(
 def _model_document(model: LocalModel, fit: Fit | None) -> dict[str, Any]:
     info = model.info
     return {
+        "name": model.name,
         "path": str(model.path),
         "ref": model.ref,
         "origin": model.origin,
@@ -208,8 +213,14 @@ def format_models(
             "Download one: homelab pull ORG/NAME:QUANT (find them with `homelab search WORDS`)"
         )
     rows = [_model_row(m, f) for m, f in zip(models, fits, strict=True)]
-    headers = ["MODEL", "QUANT", ">SIZE", "ARCH", ">PARAMS", ">CTX", "FIT HERE", "WHERE"]
-    return table(headers, rows)
+    headers = ["NAME", "QUANT", ">SIZE", "ARCH", ">PARAMS", "FITS NOW", "WHERE"]
+    example = next((m.name for m in models if m.info is not None), models[0].name)
+    return (
+        f"{table(headers, rows)}\n\n"
+        "FITS NOW: the planner's choice for the memory free now (placement · context per "
+        "slot · KV cache · decode speed).\n"
+        f'Every verb takes a NAME as MODEL, e.g. homelab run {example} --prompt "hi"'
+    )
 
 
 def _model_row(model: LocalModel, fit: Fit | None) -> list[str]:
@@ -217,7 +228,7 @@ def _model_row(model: LocalModel, fit: Fit | None) -> list[str]:
     size = format_size(model.size_bytes)
     if info is None:
         unreadable = f"unreadable: {model.problem}"
-        return [model.name, model.quant, size, "-", "-", "-", unreadable, model.origin]
+        return [model.name, model.quant, size, "-", "-", unreadable, model.origin]
     made = f" (from {model.provenance.source_file_type})" if model.provenance else ""
     return [
         model.name,
@@ -225,7 +236,6 @@ def _model_row(model: LocalModel, fit: Fit | None) -> list[str]:
         size,
         info.architecture,
         _params(info.n_params),
-        f"{info.context_length:,}",
         fit.summary if fit else "-",
         model.origin,
     ]

@@ -10,6 +10,7 @@ become :mod:`homelab.errors` types with a message that says what to do.
     ggml_types  THE table of K/V cache type names -> ggml type ids
     model       ModelParams (GPU layers, CPU-kept MoE experts, dry run) and Model.load
     context     ContextParams and Context (decode, logits, sizes llama.cpp chose)
+    embeddings  EmbeddingContext: pooled vectors per sequence (the model's pooling or one named)
     batch       Batch: tokens with positions, sequence ids and output flags
     vocab       Vocab: tokenize / detokenize, BOS / EOS / end-of-generation tokens
     memory      SequenceMemory: clear, drop a suffix, copy, first / last position

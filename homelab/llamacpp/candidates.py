@@ -52,7 +52,7 @@ def _read(array: ctypes.Structure, data: np.ndarray) -> np.ndarray:
     if address == data.ctypes.data:
         return data[:size].copy()
     buffer = (ctypes.c_char * (size * TOKEN_DATA.itemsize)).from_address(address or 0)
-    return np.frombuffer(buffer, dtype=TOKEN_DATA).copy()
+    return np.frombuffer(memoryview(buffer), dtype=TOKEN_DATA).copy()
 
 
 def _softmax(candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,8 @@
 ref.py     :func:`~homelab.models.ref.resolve` (text -> :data:`~homelab.models.ref.ModelRef`):
            a GGUF path, a demo model, a local library name, a hub repo or a catalogue entry;
            what each plans over and which file it loads
+fetch.py   :func:`~homelab.models.fetch.ensure_local`: a ref whose file is not here (a hub
+           ref, a catalogue name) planned from its remote header, confirmed, downloaded
 launch.py  :func:`~homelab.models.launch.open_engine`: plan the file for this machine, apply
            the serving overrides, load it with the plan's memory prediction
 

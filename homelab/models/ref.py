@@ -3,16 +3,20 @@
 :func:`resolve` tries the forms in this order:
 
 1. ``demo[:ARCH][:SIZE][:QUANT]`` — :class:`DemoModel`, generated on first use;
-2. a path to a GGUF file — :class:`LocalFile` (it plans with its sibling quant files);
+2. an existing file — :class:`LocalFile` (it plans with its sibling quant files);
 3. ``ORG/NAME[:QUANT]`` — :class:`HubModel`: loads the downloaded file, plans from remote
    headers (or the cache) before anything is downloaded;
-4. a name ``homelab models`` lists — :class:`LocalFile` of the local library;
-5. a catalogue name (``llama-3.1-8b``) — :class:`CatalogueModel`: plans, never loads.
+4. any other ``*.gguf`` path — a missing file (ModelFileError);
+5. a name ``homelab models`` lists (``qwen3-8b:Q4_K_M``) — :class:`LocalFile` of the library;
+6. a catalogue name (``llama-3.1-8b``) — :class:`CatalogueModel`: plans from its published
+   shape; it loads once :mod:`homelab.models.fetch` has downloaded its default repo's quant.
 
 ``resolve`` only looks at the disk (no network, nothing generated, no header read): it says
 *what* MODEL is, or raises ModelFileError when it is nothing. Each ref then gives what its
 callers need: :meth:`variants` — the ModelInfos to plan over — and :meth:`local_path` — the file
-to load, or a ModelFileError saying why there is none and which command gets it.
+to load, or a ModelFileError saying why there is none and which command gets it. A ref whose
+file is not here (``on_disk`` false) becomes one that is through
+:func:`homelab.models.fetch.ensure_local`, which shows the plan and downloads.
 """
 
 from __future__ import annotations
@@ -163,7 +167,8 @@ class HubModel:
 
 @dataclass(frozen=True)
 class CatalogueModel:
-    """An entry of ``profiles/models.toml``: planned from its published shape, never loaded."""
+    """An entry of ``profiles/models.toml``: planned from its published shape; loaded after
+    :mod:`homelab.models.fetch` downloads a quant of its ``hf_repo``."""
 
     text: str
     entry: CatalogueEntry
@@ -185,10 +190,9 @@ class CatalogueModel:
         repo = self.entry.hf_repo
         raise ModelFileError(
             self.text,
-            "a catalogue entry: it is for planning, there is no file of it to load",
-            hint=f"Download a quant first: `homelab pull {repo}` picks the one that fits this "
-            f"machine (or homelab pull {repo}:{self.entry.quants[-1].quant}), then run "
-            f"{repo}:QUANT.",
+            f"a catalogue entry, not downloaded yet (no quant of {repo} is here)",
+            hint=f"`homelab run {self.text} --yes` downloads the quant the planner picks for "
+            f"this machine and runs it; `homelab pull {self.text}` only downloads it.",
         )
 
     def variants(self) -> list[ModelInfo]:
@@ -214,11 +218,13 @@ def resolve(text: str) -> ModelRef:
     if is_demo_ref(typed):
         return DemoModel(typed, *parse_demo_ref(typed))
     path = Path(typed).expanduser()
-    if path.suffix.lower() == ".gguf" or path.is_file():
+    if path.is_file():
         return _local_file(typed, path)
-    hub = _hub_model(typed)
+    hub = _hub_model(typed)  # before the suffix test: ORG/NAME:file.gguf names a hub file
     if hub is not None:
         return hub
+    if path.suffix.lower() == ".gguf":
+        return _local_file(typed, path)
     return _named(typed)
 
 
@@ -248,25 +254,29 @@ def _hub_model(text: str) -> HubModel | None:
 def _named(text: str) -> LocalFile | CatalogueModel:
     """A model of the local library by name, else a catalogue entry."""
     from homelab.gguf.catalogue import find_model, load_catalogue
-    from homelab.hub.library import find_local
+    from homelab.hub.library import find_local, list_local_models, namesakes
 
-    found = find_local(text)
+    models = list_local_models()
+    found = find_local(text, models)
     if found is not None:
         return from_library(found, text)
     try:
         return CatalogueModel(text, find_model(text))
     except HomelabError:
-        known = ", ".join(sorted(load_catalogue()))
-        raise ModelFileError(
-            text, "no such model", hint=f"{FORMS_HINT} (the catalogue knows {known})."
-        ) from None
+        pass
+    several = namesakes(text, models)
+    if several:
+        names = ", ".join(m.name for m in several)
+        raise ModelFileError(text, f"several local models have this name: {names}; say which")
+    known = ", ".join(sorted(load_catalogue()))
+    raise ModelFileError(text, "no such model", hint=f"{FORMS_HINT} (the catalogue knows {known}).")
 
 
 def from_library(model: LocalModel, text: str | None = None) -> LocalFile:
     """The ref of a model ``homelab models`` lists (ModelFileError when it is unreadable)."""
     if model.info is None:
         raise ModelFileError(model.path, model.problem or "unreadable")
-    label = model.name if model.repo_id is None else model.ref
+    label = model.file_stem if model.repo_id is None else model.ref
     return LocalFile(text or model.ref, model.path, label, model.origin)
 
 

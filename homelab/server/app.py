@@ -23,7 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from homelab.server import chat, completions
+from homelab.server import chat, completions, embeddings, responses
 from homelab.server.auth import TenantLimiter
 from homelab.server.config import ServerConfig
 from homelab.server.errors import (
@@ -51,7 +51,10 @@ from homelab.server.protocol import (
 )
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
+from homelab.server.responses_protocol import ResponsesRequest
 from homelab.server.serving import EngineLike, RequestContext
+
+NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (ResponsesRequest, embeddings.EmbeddingRequest)
 
 log = logging.getLogger("homelab.server")
 
@@ -187,6 +190,20 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         body = await parse_body(request, CompletionRequest)
         return await completions.text_completion(_context(state, request), body)
 
+    @app.post(
+        "/v1/responses", responses=ERROR_RESPONSES, openapi_extra=_body_doc("ResponsesRequest")
+    )
+    async def create_response(request: Request) -> Response:
+        body = await parse_body(request, ResponsesRequest)
+        return await responses.create_response(_context(state, request), body)
+
+    @app.post(
+        "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=_body_doc("EmbeddingRequest")
+    )
+    async def create_embeddings(request: Request) -> Response:
+        body = await parse_body(request, embeddings.EmbeddingRequest)
+        return await embeddings.create_embeddings(_context(state, request), body)
+
 
 def _model_card(state: ServerState) -> dict[str, Any]:
     return {
@@ -254,7 +271,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version="1", summary=app.summary, routes=app.routes)
     _, definitions = models_json_schema(
-        [(model, "validation") for model in REQUEST_MODELS],
+        [(model, "validation") for model in (*REQUEST_MODELS, *NEW_DIALECT_MODELS)],
         ref_template="#/components/schemas/{model}",
     )
     schema.setdefault("components", {}).setdefault("schemas", {}).update(

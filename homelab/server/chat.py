@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio.to_thread
@@ -14,6 +14,8 @@ from homelab.engine.grammar import JSON_OBJECT_GRAMMAR, schema_to_grammar
 from homelab.errors import EngineError
 from homelab.server.errors import api_error_from, invalid_request, prompt_too_long
 from homelab.server.protocol import ChatCompletionRequest, ChatMessage
+from homelab.server.reasoning import ReasoningDelta, after_thought, thinking_switches
+from homelab.server.replies import ParsedChoice, ReplyFormat, ReplyPiece, split_format
 from homelab.server.serving import (
     INLINE_CHARS,
     ChoiceState,
@@ -35,37 +37,35 @@ from homelab.server.serving import (
     usage,
 )
 from homelab.server.streaming import DONE, EventStreamResponse, sse_error, sse_event
-from homelab.server.tools import (
-    ContentDelta,
-    Piece,
-    ToolCallStream,
-    forced_call_grammar,
-    split_tool_calls,
-    uses_tagged_calls,
-)
+from homelab.server.tools import ContentDelta, forced_call_grammar, uses_tagged_calls
 
 CLIENT_GONE_STATUS = 499  # nobody reads it; the client disconnected
 
 
 async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Response:
-    prompt, sampling_for, parse_tools = await _prepare(ctx, req)
+    prompt, sampling_for, reply = await _prepare(ctx, req)
     ctx.new_id("chatcmpl")
-    handles, states = submit_choices(ctx, [prompt], req.n, sampling_for)
+    handles, submitted = submit_choices(ctx, [prompt], req.n, sampling_for)
+    states = reply.choices(submitted, handles)
     if req.stream:
-        return EventStreamResponse(_stream(ctx, req, handles, states, parse_tools))
+        return EventStreamResponse(_stream(ctx, req, handles, states, reply))
     if not await collect(ctx, handles, states):
         record(ctx, states, cancelled=True)
         return Response(status_code=CLIENT_GONE_STATUS)
     record(ctx, states)
-    choices = [_choice(state, parse_tools, req.logprobs) for state in states]
-    body = {**_header(ctx, req, "chat.completion"), "choices": choices, "usage": usage(states)}
+    choices = [_choice(state, req.logprobs) for state in states]
+    body = {
+        **_header(ctx, req, "chat.completion"),
+        "choices": choices,
+        "usage": chat_usage(states, reply),
+    }
     return JSONResponse(body)
 
 
 async def _prepare(
     ctx: RequestContext, req: ChatCompletionRequest
-) -> tuple[Prompt, Callable[[int, Prompt], SamplingParams], bool]:
-    """Everything checked and rendered: (prompt, sampling per choice, whether to parse tools)."""
+) -> tuple[Prompt, Callable[[int, Prompt], SamplingParams], ReplyFormat]:
+    """Everything checked and rendered: (prompt, sampling per choice, how to parse replies)."""
     check_model_name(ctx.config, req.model)
     check_choices(ctx.config, req.n)
     template = ctx.engine.chat_template
@@ -75,8 +75,18 @@ async def _prepare(
         )
     tools = offered_tools(req, template)
     grammar = output_grammar(req, tools, template)
-    text = await render(ctx, req.messages, tools)
+    switches = thinking_switches(
+        getattr(template, "source", ""),
+        req.chat_template_kwargs,
+        reasoning_effort=req.reasoning_effort,
+        default_enable_thinking=ctx.config.enable_thinking,
+    )
+    text = await render(ctx, req.messages, tools, switches)
     tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
+    reasoning = split_format(template, ctx.config.reasoning_format, req.reasoning_format)
+    reply = ReplyFormat.for_prompt(ctx.engine, reasoning, text, parse_tools=tools is not None)
+    if grammar is not None and reply.opened:  # the reply starts inside <think>: let it think
+        grammar = after_thought(grammar)
     max_tokens = max_tokens_for(
         ctx, req.requested_max_tokens(), ctx.config.default_max_tokens, len(tokens)
     )
@@ -93,7 +103,7 @@ async def _prepare(
             choice_index=index,
         )
 
-    return Prompt(tokens, text), sampling_for, tools is not None
+    return Prompt(tokens, text), sampling_for, reply
 
 
 def offered_tools(req: ChatCompletionRequest, template: Any) -> list[dict[str, Any]] | None:
@@ -141,16 +151,37 @@ def _grammar_or_400(make: Any, param: str) -> str:
 
 
 async def render(
-    ctx: RequestContext, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None
+    ctx: RequestContext,
+    messages: Sequence[ChatMessage],
+    tools: list[dict[str, Any]] | None,
+    switches: Mapping[str, Any] | None = None,
 ) -> str:
     rendered = [_template_message(m) for m in messages]
+    return await render_messages(ctx, rendered, tools, switches)
+
+
+async def render_messages(
+    ctx: RequestContext,
+    rendered: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    switches: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt for template-shaped messages (``switches``: extra template variables such
+    as ``enable_thinking``); a template's refusal is a 400."""
     chars = sum(len(m["content"]) for m in rendered)
     if chars > ctx.engine.n_ctx_per_slot:
         refuse_user_text_beyond_context(ctx.engine, rendered)
+
+    def run() -> str:
+        if not switches:
+            return ctx.engine.render_chat(rendered, tools)
+        template = ctx.engine.chat_template
+        return str(template.render(rendered, tools=tools, add_generation_prompt=True, **switches))
+
     try:
         if chars + len(str(tools or "")) <= INLINE_CHARS:
-            return ctx.engine.render_chat(rendered, tools)
-        return str(await anyio.to_thread.run_sync(ctx.engine.render_chat, rendered, tools))
+            return run()
+        return str(await anyio.to_thread.run_sync(run))
     except EngineError as exc:  # the template refused these messages (e.g. roles must alternate)
         raise invalid_request(str(exc), param="messages") from exc
 
@@ -201,13 +232,15 @@ def _header(ctx: RequestContext, req: ChatCompletionRequest, kind: str) -> dict[
     }
 
 
-def _choice(state: ChoiceState, parse_tools: bool, want_logprobs: bool) -> dict[str, Any]:
+def _choice(state: ParsedChoice, want_logprobs: bool) -> dict[str, Any]:
     finish = check_finish(state.finish)
-    content, calls = split_tool_calls(state.text) if parse_tools else (state.text, [])
+    reasoning, content, calls = state.parts()
     message: dict[str, Any] = {
         "role": "assistant",
         "content": content if content or not calls else None,
     }
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = [_call_json(call) for call in calls]
     return {
@@ -218,6 +251,19 @@ def _choice(state: ChoiceState, parse_tools: bool, want_logprobs: bool) -> dict[
         else None,
         "finish_reason": "tool_calls" if calls else finish.reason,
     }
+
+
+def chat_usage(states: Sequence[ChoiceState], reply: ReplyFormat) -> dict[str, Any]:
+    """OpenAI usage; for a model that reasons, the completion tokens spent reasoning too."""
+    totals = usage(states)
+    if reply.reasoning is not None:
+        reasoning_tokens = sum(
+            min(state.reply.reasoning_tokens, state.finish.stats.completion_tokens)
+            for state in states
+            if isinstance(state, ParsedChoice) and state.finish is not None
+        )
+        totals["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return totals
 
 
 def _call_json(call: ToolCall, index: int | None = None) -> dict[str, Any]:
@@ -264,19 +310,18 @@ class _ChunkWriter:
         }
         return sse_event({**self._base, "choices": [choice]})
 
-    def usage_chunk(self, states: Sequence[ChoiceState]) -> bytes:
-        return sse_event({**self._base, "choices": [], "usage": usage(states)})
+    def usage_chunk(self, totals: dict[str, Any]) -> bytes:
+        return sse_event({**self._base, "choices": [], "usage": totals})
 
 
 async def _stream(
     ctx: RequestContext,
     req: ChatCompletionRequest,
     handles: Sequence[HandleLike],
-    states: list[ChoiceState],
-    parse_tools: bool,
+    states: list[ParsedChoice],
+    reply: ReplyFormat,
 ) -> AsyncIterator[bytes]:
     writer = _ChunkWriter(ctx, req)
-    parsers = [ToolCallStream() if parse_tools else None for _ in states]
     calls_sent = [0] * len(states)
     completed = False
     try:
@@ -284,18 +329,15 @@ async def _stream(
             yield writer.chunk(state.index, {"role": "assistant", "content": ""})
         async for index, event in merged_events(handles):
             states[index].add(event)
-            parser = parsers[index]
             if isinstance(event, TokenEvent):
-                pieces: list[Piece] = (
-                    parser.feed(event.text) if parser else [ContentDelta(event.text)]
-                )
+                pieces = states[index].take()
                 logprobs = [logprob_entry(event.logprob)] if event.logprob is not None else None
                 for chunk in _piece_chunks(writer, index, pieces, logprobs, calls_sent):
                     yield chunk
                 continue
-            yield _finish_chunks(writer, index, event, parser, calls_sent)
+            yield _finish_chunks(writer, index, event, states[index].take(), calls_sent)
         if req.include_usage():
-            yield writer.usage_chunk(states)
+            yield writer.usage_chunk(chat_usage(states, reply))
         completed = True
         yield DONE
     except Exception as exc:  # after the stream started: an error event, then [DONE]
@@ -310,7 +352,7 @@ async def _stream(
 def _piece_chunks(
     writer: _ChunkWriter,
     index: int,
-    pieces: list[Piece],
+    pieces: list[ReplyPiece],
     logprobs: list[Any] | None,
     calls_sent: list[int],
 ) -> list[bytes]:
@@ -318,6 +360,9 @@ def _piece_chunks(
     for piece in pieces:
         if isinstance(piece, ContentDelta):
             chunks.append(writer.chunk(index, {"content": piece.text}, logprobs=logprobs))
+        elif isinstance(piece, ReasoningDelta):
+            delta = {"reasoning_content": piece.text}
+            chunks.append(writer.chunk(index, delta, logprobs=logprobs))
         else:
             delta = {"tool_calls": [_call_json(piece, calls_sent[index])]}
             calls_sent[index] += 1
@@ -332,11 +377,10 @@ def _finish_chunks(
     writer: _ChunkWriter,
     index: int,
     event: FinishEvent,
-    parser: ToolCallStream | None,
+    pieces: list[ReplyPiece],
     calls_sent: list[int],
 ) -> bytes:
     finish = check_finish(event)  # raises: reported as an error event
-    pieces = parser.finish() if parser else []
     chunks = _piece_chunks(writer, index, pieces, None, calls_sent)
     reason = "tool_calls" if calls_sent[index] else finish.reason
     chunks.append(writer.chunk(index, {}, finish_reason=reason))

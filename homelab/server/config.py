@@ -25,6 +25,8 @@ class ServerConfig:
     max_choices: int = 16  # n (times prompts, for /v1/completions)
     log_prompts: bool = False  # log prompts and outputs (admin opt-in; off by default)
     cors_origins: tuple[str, ...] = ()  # exact origins; "*" allows any origin, never credentials
+    reasoning_format: str = "auto"  # "auto"/"deepseek": reasoning apart from content; "none"
+    enable_thinking: bool | None = None  # default for templates with the switch (None: theirs)
 
     def __post_init__(self) -> None:
         if self.keys is None and not is_loopback(self.host):

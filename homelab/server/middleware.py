@@ -38,7 +38,9 @@ TENANT_KEY = "homelab.tenant"
 USAGE_KEY = "homelab.usage"  # dict the routes fill with token counts for the request log
 PUBLIC_PATHS = frozenset({"/health"})
 ADMIN_PATHS = frozenset({"/metrics"})
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATION_PATHS = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
+)
 KNOWN_ROUTES = frozenset(
     {*PUBLIC_PATHS, *ADMIN_PATHS, *GENERATION_PATHS, "/v1/models", "/openapi.json"}
 )

@@ -17,6 +17,7 @@ plain dicts for speed, and the tests check real responses against these models.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -274,6 +275,15 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Annotated[Any, ToolChoiceJson] = None
     parallel_tool_calls: bool | None = None
+    # reasoning models (OpenAI's reasoning_effort; llama.cpp/vLLM's template kwargs and format)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_format: Literal["auto", "deepseek", "none"] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else checked_template_kwargs(value)
 
     @field_validator("tool_choice")
     @classmethod
@@ -352,6 +362,36 @@ class CompletionRequest(_SamplingRequest):
         return self.prompt if isinstance(self.prompt, list) else []
 
 
+MAX_TEMPLATE_KWARGS = 16
+MAX_TEMPLATE_KWARG_CHARS = 4096
+TEMPLATE_KWARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+RESERVED_TEMPLATE_NAMES = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"}
+)
+
+
+def checked_template_kwargs(value: dict[str, Any]) -> dict[str, Any]:
+    """Extra chat-template variables: a few named scalars (or short lists of them); never the
+    variables the server sets itself (messages, tools, special tokens)."""
+    if len(value) > MAX_TEMPLATE_KWARGS:
+        raise ValueError(f"at most {MAX_TEMPLATE_KWARGS} template variables are allowed")
+    for name, item in value.items():
+        if not TEMPLATE_KWARG_NAME.match(name) or name in RESERVED_TEMPLATE_NAMES:
+            raise ValueError(f"{name!r} cannot be set as a template variable")
+        items = item if isinstance(item, list) else [item]
+        if len(items) > MAX_TEMPLATE_KWARGS or not all(_is_scalar(i) for i in items):
+            raise ValueError(f"{name!r} must be a string, number, boolean or a short list of them")
+        if sum(len(i) for i in items if isinstance(i, str)) > MAX_TEMPLATE_KWARG_CHARS:
+            raise ValueError(f"{name!r} is longer than {MAX_TEMPLATE_KWARG_CHARS} characters")
+    if "enable_thinking" in value and not isinstance(value["enable_thinking"], bool):
+        raise ValueError("enable_thinking must be true or false")
+    return value
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | bool | int | float)
+
+
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -363,11 +403,16 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int  # generated inside the reasoning (models that think)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class TopLogprob(BaseModel):
@@ -387,6 +432,7 @@ class ChoiceLogprobs(BaseModel):
 class ResponseMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = None  # models that think: the reasoning, apart
     tool_calls: list[ToolCall] | None = None
 
 

@@ -136,7 +136,9 @@ def _from_library(model: LocalModel) -> ModelChoice:
 
     if model.info is not None:
         return choice_for(from_library(model), size_bytes=model.size_bytes)
-    unreadable = LocalFile(model.ref, model.path, model.name, model.origin)  # listed, not loaded
+    unreadable = LocalFile(
+        model.ref, model.path, model.file_stem, model.origin
+    )  # listed, not loaded
     shown = choice_for(unreadable, size_bytes=model.size_bytes)
     return replace(shown, path=None, detail=f"{model.origin} · unreadable: {model.problem}")
 
@@ -250,13 +252,22 @@ def pull_name(choice: ModelChoice, quant: str | None) -> str:
 
 
 def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> ModelChoice:
-    """Download ``choice`` into the Hugging Face cache (verified, resumable) and return the
-    local model it became. Blocking: minutes for a big file."""
-    from homelab.hub.pull import pull_by_name
-    from homelab.models.ref import resolve
+    """Download ``choice`` (``quant``: the one its fit badge planned) the way every verb does
+    — :func:`homelab.models.fetch.fetch_model`: planned from the remote header, refused when
+    it does not fit, then the verified, resumable pull into the Hugging Face cache — and return
+    the local model it became. The user asked for it, so nothing more is asked. Blocking:
+    minutes for a big file."""
+    from homelab.models.fetch import agree, fetch_model
+    from homelab.planner.search import PlanRequest
 
-    pulled = pull_by_name(pull_name(choice, quant), progress=progress)  # type: ignore[arg-type]
-    return choice_for(resolve(f"{pulled.repo_id}:{pulled.quant}"))
+    pull_name(choice, quant)  # raises when it is already here
+    local = fetch_model(
+        choice.model,
+        confirm=agree,
+        progress=progress,  # type: ignore[arg-type]
+        request=PlanRequest(quant=quant),
+    )
+    return choice_for(local)
 
 
 # --- running ---------------------------------------------------------------------------------

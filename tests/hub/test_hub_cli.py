@@ -68,8 +68,10 @@ def test_pull_then_models(
     by_ref = {m["ref"]: m for m in models["models"]}
     assert by_ref[f"{tiny_repo}:Q4_0"]["path"] == pulled["paths"][0]
     assert by_ref[str(folder / "tiny-Q8_0.gguf")]["architecture"] == "llama"
+    assert by_ref[str(folder / "tiny-Q8_0.gguf")]["name"] == "tiny:Q8_0"  # the library name
+    assert by_ref[f"{tiny_repo}:Q4_0"]["name"] == "tinyllama:Q4_0"
     assert main(["models", "--dir", str(folder), "--no-fit"]) == 0
-    assert "tiny-Q8_0" in capsys.readouterr().out
+    assert "tiny:Q8_0" in capsys.readouterr().out
 
 
 def test_library_pull_without_quant_asks_which(hub_env: Path, tiny_repo: str) -> None:

@@ -60,7 +60,7 @@ def test_a_demo_name_is_parsed_without_generating_anything(
     assert ref == DemoModel("demo:qwen3:tiny:Q8_0", "qwen3", "tiny", "Q8_0")
     assert not (tmp_path / "demo-cache").exists()  # generated on first use, not on resolve
     assert resolve("demo") == DemoModel("demo", "llama", "tiny", "F16")
-    with pytest.raises(HomelabError, match="demo quant"):
+    with pytest.raises(HomelabError, match="demo model name"):
         resolve("demo:llama:tiny:Q9")
 
 
@@ -84,14 +84,16 @@ def test_a_library_name_is_the_local_file(
     assert ref.local_path() == folder / "my-model-Q8_0.gguf"
 
 
-def test_a_catalogue_name_plans_but_does_not_load() -> None:
+def test_a_catalogue_name_plans_from_its_shape_and_has_no_file_until_downloaded() -> None:
     ref = resolve("llama3.1:8b")
     assert isinstance(ref, CatalogueModel) and ref.entry.slug == "llama-3.1-8b"
+    assert not ref.on_disk
     variants = ref.variants()
     assert len(variants) >= 3 and all(m.architecture == "llama" for m in variants)
-    with pytest.raises(ModelFileError, match="for planning") as caught:
+    with pytest.raises(ModelFileError, match="not downloaded yet") as caught:
         ref.local_path()
-    assert f"homelab pull {ref.entry.hf_repo}" in str(caught.value)
+    assert "homelab run llama3.1:8b --yes" in str(caught.value)
+    assert ref.entry.hf_repo in str(caught.value)
 
 
 def test_an_unknown_name_lists_the_forms_and_the_catalogue(

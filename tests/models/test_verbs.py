@@ -34,7 +34,7 @@ def test_run_a_downloaded_hub_ref(hub_repo: str, capsys: pytest.CaptureFixture[s
     assert document["load"]["path"] == str(pulled.path)  # the file in the Hugging Face cache
 
 
-def test_run_a_hub_ref_that_is_not_downloaded_names_the_pull_command(
+def test_run_a_hub_ref_that_is_not_downloaded_without_a_terminal_names_the_pull_command(
     hub_repo: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run(capsys, "run", f"{hub_repo}:Q4_0", "--prompt", "hi")
@@ -42,13 +42,43 @@ def test_run_a_hub_ref_that_is_not_downloaded_names_the_pull_command(
     assert "not downloaded yet" in err and f"homelab pull {hub_repo}:Q4_0" in err
 
 
-def test_run_a_catalogue_name_says_it_is_for_planning(
-    own_home: Path, capsys: pytest.CaptureFixture[str]
+def test_every_model_form_runs(
+    hub_repo: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    demo_model: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code, out, err = run(capsys, "run", "llama-3.1-8b", "--prompt", "hi", "--json")
-    assert code == 1 and out == ""
-    error = json.loads(err)["error"]
-    assert error["type"] == "ModelFileError" and "for planning" in error["message"]
+    """A path, a demo name, a library name (as `homelab models --json` lists it), a file stem,
+    a downloaded hub ref and a hub ref with --yes all load the file they name."""
+    folder = tmp_path / "library"
+    folder.mkdir()
+    shutil.copy(demo_model("llama", "tiny", "Q8_0"), folder / "Mine-Q8_0.gguf")
+    monkeypatch.setenv("HOMELAB_MODEL_DIRS", str(folder))
+    pulled = pull_by_name(f"{hub_repo}:F16")
+    code, out, err = run(capsys, "models", "--no-fit", "--json")
+    assert code == 0, err
+    names = {m["name"]: m["path"] for m in json.loads(out)["models"]}
+    assert names == {"mine:Q8_0": str(folder / "Mine-Q8_0.gguf"), "tiny:F16": str(pulled.path)}
+    forms = {
+        str(folder / "Mine-Q8_0.gguf"): folder / "Mine-Q8_0.gguf",
+        "demo:llama:tiny:Q4_0": demo_model("llama", "tiny", "Q4_0"),
+        "mine:Q8_0": folder / "Mine-Q8_0.gguf",
+        "MINE": folder / "Mine-Q8_0.gguf",  # the bare name, when only one model has it
+        "Mine-Q8_0": folder / "Mine-Q8_0.gguf",  # the file's stem
+        "tiny:F16": pulled.path,
+        f"{hub_repo}:F16": pulled.path,
+        f"{hub_repo}:Q4_0": None,  # not downloaded: --yes fetches it
+    }
+    for form, path in forms.items():
+        code, out, err = run(
+            capsys, "run", form, "--prompt", "hi", "--max-tokens", "2", "--threads", "1",
+            "--ctx", "256", "--yes", "--json",
+        )  # fmt: skip
+        assert code == 0, (form, err)
+        loaded = Path(json.loads(out)["load"]["path"])
+        assert loaded == (path or loaded), form
+    assert loaded.name == "Tiny-Q4_0.gguf" and "downloaded and verified" in err
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,337 @@
+"""OpenAI Responses API wire types (``POST /v1/responses``), and their translation to chat.
+
+A Responses request is validated here (strict, unknown fields ignored, as in
+:mod:`homelab.server.protocol`) and then turned into the :class:`ChatCompletionRequest` it
+means — instructions as a system message, input items as chat messages, function tools,
+``tool_choice`` and ``text.format`` in their chat shapes — so everything after that (model
+name, template, tools, JSON-schema grammar, context and token limits, sampling) is the chat
+route's one path. Errors found in translation name the Responses parameter
+(``input[2].content[0].type``).
+
+This server is stateless: it keeps no responses, so ``previous_response_id``, ``store: true``,
+``background: true``, ``conversation``, stored ``prompt`` templates and ``item_reference``
+input items are refused with a 400 that says so. The client sends the whole conversation
+(earlier outputs included) in ``input`` instead.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, WithJsonSchema, field_validator, model_validator
+
+from homelab.server.errors import ApiError, api_error_from_validation, invalid_request
+from homelab.server.protocol import INT64_MAX, MAX_TOOLS, ChatCompletionRequest, _Wire
+
+MAX_METADATA_ENTRIES = 16
+TEXT_PART_TYPES = frozenset({"input_text", "output_text", "text"})
+InputJson = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "object"}, "minItems": 1},
+        ]
+    }
+)
+ToolChoiceJson = WithJsonSchema(
+    {
+        "anyOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "name": {"type": "string"},
+                },
+                "required": ["type", "name"],
+            },
+            {"type": "null"},
+        ]
+    }
+)
+STATELESS = (
+    "this server keeps no responses (it is stateless); send the whole conversation, "
+    "earlier outputs included, in 'input'"
+)
+
+
+class FunctionTool(_Wire):
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = Field(default="response", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_present(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("a json_schema format needs a 'schema'")
+        return self
+
+
+class TextConfig(_Wire):
+    format: TextFormat | None = None
+
+
+class ReasoningConfig(_Wire):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+
+
+class ResponsesRequest(_Wire):
+    """The fields of ``POST /v1/responses`` this server reads (others are ignored)."""
+
+    model: str
+    input: Annotated[Any, InputJson] = None  # a string or items, translated by chat_request
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Annotated[Any, ToolChoiceJson] = None
+    parallel_tool_calls: bool | None = None
+    max_tool_calls: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    stream: bool = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    # what needs stored state: refused (see the module docstring)
+    store: bool | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+    conversation: Any = None
+    prompt: Any = None
+
+    @field_validator("input")
+    @classmethod
+    def _input_present(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("input is required (a string or a list of input items)")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError(f"store: true is not supported: {STATELESS}")
+        return value
+
+    @field_validator("previous_response_id")
+    @classmethod
+    def _no_previous(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(f"previous_response_id is not supported: {STATELESS}")
+        return value
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError(f"background: true is not supported: {STATELESS}")
+        return value
+
+    @field_validator("conversation")
+    @classmethod
+    def _no_conversation(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"conversation is not supported: {STATELESS}")
+        return value
+
+    @field_validator("prompt")
+    @classmethod
+    def _no_prompt(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("stored prompt templates are not supported; send the text itself")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_bounded(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and len(value) > MAX_METADATA_ENTRIES:
+            raise ValueError(f"at most {MAX_METADATA_ENTRIES} metadata entries are allowed")
+        return value
+
+    def format_type(self) -> str:
+        fmt = self.text.format if self.text else None
+        return fmt.type if fmt else "text"
+
+
+# --- translation to chat --------------------------------------------------------------------
+
+
+def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat request ``req`` stands for (raises ApiError naming the Responses parameter)."""
+    body: dict[str, Any] = {
+        "model": req.model,
+        "messages": messages(req.instructions, req.input),
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tool_choice": tool_choice(req.tool_choice),
+        "parallel_tool_calls": req.parallel_tool_calls,
+    }
+    if req.tools:
+        body["tools"] = [chat_tool(tool) for tool in req.tools]
+    fmt = req.text.format if req.text else None
+    if fmt is not None:
+        body["response_format"] = response_format(fmt)
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        error = api_error_from_validation(exc)
+        raise invalid_request(error.message, param="input") from None
+
+
+def chat_tool(tool: FunctionTool) -> dict[str, Any]:
+    function = tool.model_dump(exclude_none=True, exclude={"type"})
+    return {"type": "function", "function": function}
+
+
+def response_format(fmt: TextFormat) -> dict[str, Any]:
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    schema = {"name": fmt.name, "schema": fmt.schema_, "strict": fmt.strict}
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def tool_choice(value: Any) -> Any:
+    """Responses' ``tool_choice`` in chat's shape (``{"type": "function", "name": ...}`` moves
+    the name under ``function``)."""
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        name = value.get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "function": {"name": name}}
+    raise invalid_request(
+        "tool_choice must be 'none', 'auto', 'required' or "
+        '{"type": "function", "name": ...} (only function tools are supported).',
+        param="tool_choice",
+    )
+
+
+def messages(instructions: str | None, value: Any) -> list[dict[str, Any]]:
+    """Chat messages for the instructions and the input (a string or a list of items)."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    if isinstance(value, str):
+        return [*out, {"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise invalid_request("input must be a string or a list of input items.", param="input")
+    if not value:
+        raise invalid_request("input must not be an empty list.", param="input")
+    for index, item in enumerate(value):
+        _add_item(out, item, f"input[{index}]")
+    if not any(m["role"] != "system" for m in out):
+        raise invalid_request("input needs at least one message or item.", param="input")
+    return out
+
+
+def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise invalid_request(f"{where} must be an object (an input item).", param=where)
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        out.append(_message(item, where))
+    elif kind == "function_call":
+        _add_call(out, item, where)
+    elif kind == "function_call_output":
+        out.append(_call_output(item, where))
+    elif kind == "reasoning":
+        return  # earlier reasoning: chat templates drop it from the prompt too
+    elif kind == "item_reference":
+        raise invalid_request(f"item_reference is not supported: {STATELESS}.", param=where)
+    else:
+        raise invalid_request(
+            f"input items of type {kind!r} are not supported (supported: message, "
+            "function_call, function_call_output, reasoning).",
+            param=f"{where}.type",
+        )
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise invalid_request(
+            f"{where}.role must be 'user', 'assistant', 'system' or 'developer'.",
+            param=f"{where}.role",
+        )
+    return {
+        "role": "system" if role == "developer" else role,
+        "content": _text(item.get("content"), f"{where}.content"),
+    }
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or the text of a list of text parts (images, files, audio refused)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid_request(f"{where} must be a string or a list of parts.", param=where)
+    texts = []
+    for index, part in enumerate(content):
+        texts.append(_part_text(part, f"{where}[{index}]"))
+    return "".join(texts)
+
+
+def _part_text(part: Any, where: str) -> str:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise invalid_request(f"{where} must be an object with a 'type'.", param=where)
+    kind = part["type"]
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return str(part["refusal"])
+    if kind not in TEXT_PART_TYPES:
+        raise invalid_request(
+            f"content parts of type {kind!r} are not supported (text only: input_text, "
+            "output_text).",
+            param=f"{where}.type",
+        )
+    if not isinstance(part.get("text"), str):
+        raise invalid_request(f"{where} needs a string 'text'.", param=f"{where}.text")
+    return str(part["text"])
+
+
+def _add_call(out: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    """A function call the model made earlier: joins the assistant turn it belongs to."""
+    name, call_id, arguments = item.get("name"), item.get("call_id"), item.get("arguments")
+    for field, value in (("name", name), ("call_id", call_id), ("arguments", arguments)):
+        if not isinstance(value, str) or (field != "arguments" and not value):
+            raise invalid_request(f"{where}.{field} must be a string.", param=f"{where}.{field}")
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+        return
+    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _call_output(item: dict[str, Any], where: str) -> dict[str, Any]:
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid_request(f"{where}.call_id must be a string.", param=f"{where}.call_id")
+    output = _text(item.get("output"), f"{where}.output")
+    return {"role": "tool", "tool_call_id": call_id, "content": output}
+
+
+def param_for_chat(error: ApiError) -> ApiError:
+    """A chat-path error with the Responses parameter's name (``max_tokens`` ->
+    ``max_output_tokens``, ``messages`` -> ``input``, ``response_format`` -> ``text.format``)."""
+    names = {
+        "max_tokens": "max_output_tokens",
+        "messages": "input",
+        "response_format": "text.format",
+    }
+    if error.param in names:
+        error.param = names[error.param]
+        error.message = error.message.replace("max_tokens", "max_output_tokens")
+    return error
