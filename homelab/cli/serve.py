@@ -1,4 +1,8 @@
-"""``homelab serve MODEL``: an OpenAI-compatible endpoint for one model.
+"""``homelab serve [MODEL]``: an OpenAI-compatible endpoint for one model, or for several.
+
+Without MODEL it serves the local library (``homelab models``), or the models ``--models``
+names: a request's ``model`` picks one, loaded on its first request; the planner decides which
+stay loaded together (see :mod:`homelab.server.fleet`); ``--keep-alive`` unloads idle ones.
 
 Listens on 127.0.0.1:8080 by default. Binding any other address needs API keys: when the
 keys file (``config_dir()/keys.toml`` or ``--api-key-file``) does not exist yet, one key is
@@ -27,9 +31,11 @@ from homelab.cli import flags
 if TYPE_CHECKING:
     from homelab.models.launch import Overrides
     from homelab.models.ref import ModelRef
+    from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
     from homelab.server.auth import KeyRing
     from homelab.server.config import ServerConfig
+    from homelab.server.fleet import Fleet, Servable
     from homelab.server.runner import EngineHolder
 
 DEFAULT_PORT = 8080
@@ -58,9 +64,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cors-origin", action="append", default=[], help="allowed browser origin")
     parser.add_argument("--log-prompts", action="store_true", help="log prompts and outputs (off)")
     parser.add_argument(
+        "--reasoning-format",
+        choices=("auto", "deepseek", "none"),
+        default="auto",
+        help="reasoning models: return the thinking apart as reasoning_content (auto, deepseek) "
+        "or leave it in the content (none)",
+    )
+    parser.add_argument(
+        "--no-think",
+        action="store_true",
+        help="templates with an enable_thinking switch: thinking off unless a request turns it on",
+    )
+    parser.add_argument(
         "--embeddings",
         choices=("mean", "cls", "last"),
         help="also serve /v1/embeddings from a generative model, with this pooling",
+    )
+    parser.add_argument(
+        "--models",
+        metavar="NAME,NAME…",
+        help="without MODEL: serve these models (default: every model `homelab models` lists)",
+    )
+    parser.add_argument(
+        "--keep-alive",
+        metavar="DURATION",
+        default="10m",
+        help="without MODEL: unload a model idle this long (10m; 0: when idle; -1: never)",
     )
     flags.add_plan_flags(parser)
     flags.add_engine_flags(parser)
@@ -76,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
         key = add_key(keys_path, args.new_key, admin=args.admin)
         _announce_key(args, keys_path, args.new_key, key)
         return 0
+    if args.model and args.models:
+        raise ConfigError("give a MODEL or --models, not both.")
     if not args.model:
-        raise ConfigError(f"homelab serve needs a MODEL ({flags.MODEL_HELP}).")
+        return _serve_fleet(args, keys_path)
     return _serve(args, keys_path)
 
 
@@ -117,6 +148,99 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     return 0
 
 
+def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
+    """Several models: each loads on its first request, as the planner lets them share."""
+    from homelab.server.app import create_app
+    from homelab.server.runner import bind_socket, run_holding_lock, uvicorn_server
+
+    fleet = build_fleet(args)
+    keys, new_key = _keys_for(args, keys_path)
+    config = _config(args, Path("homelab"), keys)
+    sock = bind_socket(args.host, args.port)
+    config = replace(config, port=sock.getsockname()[1])
+    _setup_logging()
+    server = uvicorn_server(create_app(lambda: None, config, fleet))
+    _announce_fleet(args, config, fleet.names(), keys_path, new_key)
+    try:
+        run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
+    finally:
+        fleet.close()
+    return 0
+
+
+def build_fleet(args: argparse.Namespace) -> Fleet:
+    """The models ``serve`` without MODEL serves, planned with its plan flags for the machine
+    as it is now (before anything is loaded) and loaded as ``serve MODEL`` loads one."""
+    from homelab.models.launch import plan_file
+    from homelab.server.embeddings_setup import load_serving_engine, planning_hardware
+    from homelab.server.fleet import Fleet, parse_keep_alive
+
+    keep_alive_s = parse_keep_alive(args.keep_alive)
+    request, hardware = flags.plan_request(args), flags.hardware(args)
+    embeddings, overrides = getattr(args, "embeddings", None), flags.overrides(args)
+
+    def plan(model: Servable, left: Hardware) -> Plan:
+        return plan_file(model.ref, request, planning_hardware(model.path, left, embeddings))
+
+    def load(model: Servable, planned: Plan) -> Any:
+        return load_serving_engine(model.ref, planned, overrides, embeddings)
+
+    return Fleet(_servables(args), hardware, plan, load, keep_alive_s=keep_alive_s)
+
+
+def _servables(args: argparse.Namespace) -> list[Servable]:
+    """``--models`` (each any MODEL form with a file here), else the whole local library."""
+    from homelab.errors import ConfigError, HomelabError
+    from homelab.hub.library import library_dirs, list_local_models
+    from homelab.models.ref import from_library, resolve
+    from homelab.server.fleet import Servable
+
+    servables: list[Servable] = []
+    if args.models:
+        for text in (t.strip() for t in args.models.split(",")):
+            if text:
+                ref = resolve(text)
+                servables.append(Servable(text, ref.local_path(), ref))
+        return servables
+    for model in list_local_models():
+        try:
+            servables.append(Servable(model.name, model.path, from_library(model, model.name)))
+        except HomelabError:
+            continue  # unreadable: `homelab models` says why
+    if not servables:
+        folders = ", ".join(str(f) for f in library_dirs())
+        raise ConfigError(
+            "homelab serve found no models to serve: the local library is empty.",
+            hint=f"Give a MODEL ({flags.MODEL_HELP}), `homelab pull` one, or put GGUF files "
+            f"in {folders} (or a folder in HOMELAB_MODEL_DIRS).",
+        )
+    return servables
+
+
+def _announce_fleet(
+    args: argparse.Namespace,
+    config: ServerConfig,
+    names: list[str],
+    keys_path: Path,
+    new_key: str | None,
+) -> None:
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    url = f"http://{host}:{config.port}/v1"
+    if args.json:
+        doc: dict[str, Any] = {"base_url": url, "models": names, "auth": config.keys is not None}
+        if new_key:
+            doc.update(api_key=new_key, tenant="default", keys_file=str(keys_path))
+        print(json.dumps(doc), flush=True)
+        return
+    if new_key:
+        _announce_key(args, keys_path, "default", new_key)
+    auth = "API keys required" if config.keys is not None else "no API key needed (loopback only)"
+    print(f"Serving {len(names)} models at {url} ({auth}); each loads on its first request:")
+    for name in names:
+        print(f"  {name}")
+    print("`homelab ps` shows what is loaded.", flush=True)
+
+
 def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) -> ServerConfig:
     from homelab.server.config import ServerConfig
 
@@ -129,6 +253,8 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) ->
         default_max_tokens=args.default_max_tokens,
         log_prompts=args.log_prompts,
         cors_origins=tuple(args.cors_origin),
+        reasoning_format=args.reasoning_format,
+        enable_thinking=False if args.no_think else None,
     )
 
 

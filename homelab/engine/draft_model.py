@@ -23,13 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from homelab.engine.acceptance import Distribution, Proposal
+from homelab.engine.draft_policy import StepCost
 from homelab.engine.slots import common_prefix_length
-from homelab.engine.speculation import (
-    DraftRequest,
-    LinearCost,
-    check_draft_model,
-    check_vocabularies,
-)
+from homelab.engine.speculation import DraftRequest, check_draft_model, check_vocabularies
 from homelab.errors import EngineError
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
@@ -147,7 +143,7 @@ class DraftModel:
 
     # --- drafting --------------------------------------------------------------------------
 
-    def draft(self, requests: list[DraftRequest], timer: LinearCost, eog: frozenset[int]) -> None:
+    def draft(self, requests: list[DraftRequest], timer: StepCost, eog: frozenset[int]) -> None:
         """Draft up to ``request.k`` tokens for each request into ``request.state.proposal``."""
         entries, fed = self._catch_up_all(requests)
         active = entries
@@ -189,7 +185,7 @@ class DraftModel:
             entries.append(entry)
         return entries, fed
 
-    def _decode(self, fed: list[int], entries: list[_Drafting], timer: LinearCost) -> bool:
+    def _decode(self, fed: list[int], entries: list[_Drafting], timer: StepCost) -> bool:
         started = time.perf_counter()
         status = self.context.decode(self._batch)
         if status != 0:  # forget what this decode may have half-written, draft nothing

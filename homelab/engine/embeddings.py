@@ -165,8 +165,10 @@ class Embedder:
         options: EmbeddingOptions | None = None,
         *,
         n_gpu_layers: int = -1,
+        run: Runner[Any] | None = None,
     ) -> Embedder:
-        """Load an embedding model on its own, with its own compute thread."""
+        """Load an embedding model on its own, with its own compute thread (or ``run``: a
+        function that runs a callable on the thread that may compute, returning a future)."""
         options = (options or EmbeddingOptions()).checked()
         path = Path(path).expanduser()
         try:
@@ -178,8 +180,13 @@ class Embedder:
             ) from None
         try:
             context = _create(model, embedding_params(options, _n_ctx_train(model)))
-            return cls(context, options, owned_model=model)
         except BaseException:
+            model.close()
+            raise
+        try:
+            return cls(context, options, run=run, owned_model=model)
+        except BaseException:
+            context.close()
             model.close()
             raise
 
@@ -210,6 +217,8 @@ class Embedder:
     def tokenize(self, text: str) -> list[int]:
         """An input's tokens with the model's own framing (BOS, or BERT's [CLS] … [SEP]);
         refused (ContextLengthError) past ``max_input_tokens`` after bounded work."""
+        if self._closed:  # the vocabulary may be gone with the model
+            raise EngineError("the embeddings context is closed")
         return tokenize_within(
             lambda piece, bos: self.vocab.tokenize(piece, add_bos=bos, parse_special=False),
             text,
@@ -305,8 +314,16 @@ class Embedder:
             if self._closed:
                 return
             self._closed = True
-        if self._worker is not None:
+        if self._worker is not None:  # our own thread: let a running decode finish
             self._worker.shutdown(wait=True, cancel_futures=True)
+            self._free()
+            return
+        try:  # on the engine's thread, between two steps (never under a running decode)
+            self._run(self._free).result()
+        except (RuntimeError, concurrent.futures.CancelledError):
+            self._free()  # the engine has stopped: nothing computes any more
+
+    def _free(self) -> None:
         self._batch.close()
         self._context.close()
         if self._owned_model is not None:
@@ -364,11 +381,23 @@ def _n_ctx_train(model: Model) -> int:
 # --- an embedding model served alone ------------------------------------------------------------
 
 
+class _NoChat:
+    """The chat template of an embedding model: every conversation is refused, saying why."""
+
+    source = ""
+    supports_tools = False
+
+    def __init__(self, refusal: EngineError) -> None:
+        self._refusal = refusal
+
+    def render(self, *_: Any, **__: Any) -> str:
+        raise self._refusal
+
+
 class EmbeddingModelEngine:
     """The server's engine surface for an embedding model: embeddings yes, generation no."""
 
     n_slots = 1
-    chat_template = None
     speculation = None
 
     def __init__(self, embedder: Embedder, model_info: ModelInfo, load_report: LoadReport) -> None:
@@ -379,6 +408,7 @@ class EmbeddingModelEngine:
         self.settings = load_report.settings
         self.n_ctx_per_slot = embedder.max_input_tokens
         self.n_vocab = embedder.vocab.n_tokens
+        self.chat_template = _NoChat(self._generation_refused())
 
     @classmethod
     def load(

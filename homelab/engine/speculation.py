@@ -13,19 +13,16 @@ target checks in the same ``llama_decode`` as everyone else's normal step
     A small model with the same vocabulary on its own llama.cpp context, one sequence per
     slot (:mod:`homelab.engine.draft_model`).
 
-How many tokens to draft is decided per sequence and step by :class:`DraftPolicy`: it
-keeps an acceptance estimate per sequence (blended with the engine's) and measures what a
-target row and a draft step cost, and drafts the ``k`` that maximises the expected gain —
-``0`` (plain decoding) when speculation loses. Rejected tokens are dropped from both caches,
-so a target whose memory cannot drop a suffix (recurrent and hybrid models) is refused, as is
-a sliding-window cache that is trimmed (``swa_full`` off), and a draft whose vocabulary is
-not the target's.
+How many tokens to draft is decided per sequence and step by
+:class:`~homelab.engine.draft_policy.DraftPolicy` from each sequence's acceptance and the
+measured cost of target and draft steps — ``0`` (plain decoding) when speculation loses.
+Rejected tokens are dropped from both caches, so a target whose memory cannot drop a suffix
+(recurrent and hybrid models) is refused, as is a sliding-window cache that is trimmed
+(``swa_full`` off), and a draft whose vocabulary is not the target's.
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +32,7 @@ import numpy as np
 
 from homelab.engine.acceptance import Proposal
 from homelab.engine.api import SamplingParams
+from homelab.engine.draft_policy import Acceptance, DraftPolicy
 from homelab.errors import EngineError
 from homelab.llamacpp.vocab import Vocab
 
@@ -209,138 +207,6 @@ class NgramDrafter:
         return ()
 
 
-# --- costs and acceptance ------------------------------------------------------------------
-
-
-class LinearCost:
-    """Seconds of a decode as ``a + b·rows``, fitted with exponential forgetting.
-
-    When the row counts seen barely vary (one stream, constant k) the slope cannot be told
-    from the intercept; it is then taken as ``prior_per_row`` of a one-row step.
-    """
-
-    def __init__(self, prior_per_row: float, decay: float = 0.97) -> None:
-        self.prior_per_row = prior_per_row
-        self.decay = decay
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
-
-    def observe(self, rows: int, seconds: float) -> None:
-        d = self.decay
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + rows
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + rows * rows
-        self._xy = self._xy * d + rows * seconds
-
-    @property
-    def measured(self) -> bool:
-        return self._w > 0
-
-    def fit(self) -> tuple[float, float]:
-        """(seconds per step, seconds per row); call only when :attr:`measured`."""
-        w = self._w
-        mean_rows, mean_s = self._x / w, self._y / w
-        variance = self._xx / w - mean_rows * mean_rows
-        if variance > 0.25:
-            slope = (self._xy / w - mean_rows * mean_s) / variance
-            slope = min(max(slope, 0.0), mean_s / mean_rows)
-        else:
-            beta = self.prior_per_row
-            slope = beta * mean_s / (1.0 + beta * mean_rows)
-        return max(mean_s - slope * mean_rows, 0.0), slope
-
-    def seconds(self, rows: int) -> float:
-        base, per_row = self.fit()
-        return base + per_row * rows
-
-
-@dataclass
-class Acceptance:
-    """Decayed counts of kept and first-rejected draft tokens (a geometric model)."""
-
-    kept: float = 0.0
-    rejected: float = 0.0
-
-    def observe(self, drafted: int, accepted: int, decay: float) -> None:
-        self.kept = self.kept * decay + accepted
-        self.rejected = self.rejected * decay + (1.0 if accepted < drafted else 0.0)
-
-    def fade(self, decay: float) -> None:
-        self.kept *= decay
-        self.rejected *= decay
-
-    def rate(self, prior: float, weight: float) -> float:
-        return (self.kept + weight * prior) / (self.kept + self.rejected + weight)
-
-
-PRIOR_ACCEPTANCE = 0.6  # before anything is measured
-PRIOR_WEIGHT = 2.0  # pseudo-observations behind a prior
-SEQUENCE_DECAY = 0.8  # per verification: recent drafts count most
-ENGINE_DECAY = 0.98
-IDLE_FADE = 0.9  # per plain step of a sequence that chose not to draft: drift to the prior
-ENGINE_IDLE_FADE = 0.995
-PRIOR_ROW_SHARE = 0.05  # a verified row's cost relative to a one-row step, until measured
-PRIOR_DRAFT_SHARE = 0.3  # a draft step's cost relative to a target step, until measured
-
-
-class DraftPolicy:
-    """Chooses each sequence's draft length from its acceptance and the measured costs.
-
-    With acceptance ``α`` the i-th drafted token is emitted with probability ``α^i`` and
-    costs ``c`` (its verification row, plus its share of a draft-model step), while a token
-    is worth ``v`` (the time of a plain step per sequence). Drafting one more token pays
-    while ``α^(k+1) · v > c``; so ``k`` is the largest such length, and 0 when even the first
-    token does not pay — plain decoding.
-    """
-
-    def __init__(self, config: SpeculationConfig) -> None:
-        self.config = config
-        self.uses_draft_model = config.kind == "draft"
-        self.target = LinearCost(PRIOR_ROW_SHARE)
-        self.draft = LinearCost(0.02)
-        self.engine = Acceptance()
-
-    def acceptance(self, sequence: Acceptance) -> float:
-        prior = self.engine.rate(PRIOR_ACCEPTANCE, PRIOR_WEIGHT)
-        return sequence.rate(prior, PRIOR_WEIGHT)
-
-    def cost_ratio(self, n_sequences: int, n_drafting: int) -> float:
-        """A drafted token's cost relative to what a token is worth."""
-        n_sequences, n_drafting = max(n_sequences, 1), max(n_drafting, 1)
-        if not self.target.measured:
-            return PRIOR_ROW_SHARE + (PRIOR_DRAFT_SHARE if self.uses_draft_model else 0.0)
-        value = self.target.seconds(n_sequences) / n_sequences
-        cost = self.target.fit()[1]
-        if self.uses_draft_model:
-            if self.draft.measured:
-                cost += self.draft.seconds(n_drafting) / n_drafting
-            else:
-                cost += PRIOR_DRAFT_SHARE * value
-        return cost / value if value > 0 else math.inf
-
-    def draft_length(self, sequence: Acceptance, ratio: float, limit: int) -> int:
-        limit = min(limit, self.config.max_draft_tokens)
-        if not self.config.adaptive:
-            return max(limit, 0)
-        alpha = self.acceptance(sequence)
-        k, gain = 0, alpha
-        while k < limit and gain > ratio:
-            k += 1
-            gain *= alpha
-        return k
-
-    def settle(self, sequence: Acceptance, drafted: int, accepted: int) -> None:
-        sequence.observe(drafted, accepted, SEQUENCE_DECAY)
-        self.engine.observe(drafted, accepted, ENGINE_DECAY)
-
-    def idle(self, sequence: Acceptance) -> None:
-        """The sequence chose plain decoding: let its estimate drift back so it probes again."""
-        sequence.fade(IDLE_FADE)
-
-    def idle_engine(self) -> None:
-        self.engine.fade(ENGINE_IDLE_FADE)
-
-
 # --- the scheduler's side ------------------------------------------------------------------
 
 
@@ -376,11 +242,14 @@ class Speculator:
         eog_tokens: frozenset[int],
         draft_model: DraftModel | None = None,
     ) -> None:
-        self.config = config.checked()
-        self.policy = DraftPolicy(self.config)
+        self.config = config = config.checked()
+        self.policy = DraftPolicy(
+            config.max_draft_tokens,
+            adaptive=config.adaptive,
+            uses_draft_model=draft_model is not None,
+        )
         self.draft_model = draft_model
         self._eog = eog_tokens
-        self._n_drafting = 1  # sequences that drafted in the last step
 
     @property
     def kind(self) -> SpeculationKind:
@@ -401,31 +270,46 @@ class Speculator:
 
     def propose(self, requests: list[DraftRequest], room: int) -> None:
         """Set each request's ``state.proposal`` (None: decode plainly this step)."""
-        ratio = self.policy.cost_ratio(len(requests), self._n_drafting)
         for request in requests:
             request.state.proposal = None
-            request.k = self.policy.draft_length(request.state.acceptance, ratio, request.limit)
-        _fit_room(requests, room)
-        drafting = [request for request in requests if request.k > 0]
-        for request in requests:
-            if request.k == 0 and self.config.adaptive:
-                self.policy.idle(request.state.acceptance)
-        if not drafting:
-            self.policy.idle_engine()
-            return
-        self._n_drafting = len(drafting)
         if self.draft_model is None:
-            self._lookup(drafting)
+            self._lookup(requests, room)
         else:
-            self.draft_model.draft(drafting, self.policy.draft, self._eog)
+            self._draft(requests, room)
 
-    def _lookup(self, requests: list[DraftRequest]) -> None:
+    def _plan(self, requests: list[DraftRequest], limits: list[int], room: int) -> None:
+        sequences = [
+            (request.state.acceptance, limit)
+            for request, limit in zip(requests, limits, strict=True)
+        ]
+        lengths = self.policy.plan(sequences, room)
+        for request, length, limit in zip(requests, lengths, limits, strict=True):
+            request.k = length
+            if length == 0 and limit > 0 and self.config.adaptive:
+                self.policy.idle(request.state.acceptance)
+        if not any(lengths):
+            self.policy.idle_engine()
+
+    def _lookup(self, requests: list[DraftRequest], room: int) -> None:
+        """Prompt lookup: find every sequence's continuation first (it is cheap), then let
+        the policy decide how much of each to verify."""
+        found: list[tuple[int, ...]] = []
         for request in requests:
             drafter = request.state.drafter
             assert drafter is not None
             drafter.sync(request.evaluated, request.last)
-            tokens = drafter.propose(request.k)
-            request.state.proposal = Proposal(tokens) if tokens else None
+            found.append(drafter.propose(min(request.limit, self.config.max_draft_tokens)))
+        self._plan(requests, [len(tokens) for tokens in found], room)
+        for request, tokens in zip(requests, found, strict=True):
+            if request.k > 0:
+                request.state.proposal = Proposal(tokens[: request.k])
+
+    def _draft(self, requests: list[DraftRequest], room: int) -> None:
+        assert self.draft_model is not None
+        self._plan(requests, [request.limit for request in requests], room)
+        drafting = [request for request in requests if request.k > 0]
+        if drafting:
+            self.draft_model.draft(drafting, self.policy.draft, self._eog)
 
     def record_target_step(self, rows: int, seconds: float) -> None:
         self.policy.target.observe(rows, seconds)
@@ -437,24 +321,3 @@ class Speculator:
     def close(self) -> None:
         if self.draft_model is not None:
             self.draft_model.close()
-
-
-def _fit_room(requests: list[DraftRequest], room: int) -> None:
-    """Shorten the longest drafts until every sequence's rows fit in the batch."""
-    excess = sum(request.k for request in requests) - max(room, 0)
-    while excess > 0:
-        longest = max(requests, key=lambda request: request.k)
-        longest.k -= 1
-        excess -= 1
-
-
-class Stopwatch:
-    """``with Stopwatch() as watch: ...; watch.seconds``."""
-
-    def __enter__(self) -> Stopwatch:
-        self.started = time.perf_counter()
-        self.seconds = 0.0
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds = time.perf_counter() - self.started

@@ -7,6 +7,8 @@ middleware.py  request log/metrics, tenant gate, body-size cap (pure ASGI)
 serving.py     engine-facing checks, submitting and collecting choices
 chat.py, completions.py   the two generation routes
 tools.py       tool-call grammar and streamed tool-call parsing
+responses*.py  /v1/responses: wire types -> the chat path; response items; response.* events
+embeddings.py  /v1/embeddings; embeddings_setup.py: what serve loads for them (and plans)
 streaming.py   server-sent events, cancelled when the client leaves
 metrics.py     Prometheus text exposition
 app.py         create_app(engine_provider, config)

@@ -8,9 +8,11 @@ every malformed body gets the OpenAI error envelope with a 400, never FastAPI's 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI
@@ -23,16 +25,26 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from homelab.server import chat, completions, embeddings, responses
+from homelab.errors import HomelabError
+from homelab.server import anthropic, chat, completions, embeddings, responses
+from homelab.server.anthropic_protocol import (
+    AnthropicErrorResponse,
+    CountTokensRequest,
+    MessageResponse,
+    MessagesRequest,
+    MessageTokensCount,
+)
 from homelab.server.auth import TenantLimiter
 from homelab.server.config import ServerConfig
 from homelab.server.errors import (
     ApiError,
     api_error_from,
     api_error_from_validation,
+    invalid_request,
     service_unavailable,
 )
-from homelab.server.metrics import CONTENT_TYPE, ServerMetrics
+from homelab.server.fleet import LEASES_KEY, Fleet, LeaseRelease, parse_keep_alive
+from homelab.server.metrics import CONTENT_TYPE, ServerMetrics, render_fleet
 from homelab.server.middleware import (
     TENANT_KEY,
     USAGE_KEY,
@@ -55,6 +67,10 @@ from homelab.server.responses_protocol import ResponsesRequest
 from homelab.server.serving import EngineLike, RequestContext
 
 NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (ResponsesRequest, embeddings.EmbeddingRequest)
+ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest)
+ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": AnthropicErrorResponse} for status in (400, 401, 403, 404, 413, 429, 500, 503)
+}
 
 log = logging.getLogger("homelab.server")
 
@@ -69,15 +85,20 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 class ServerState:
     """Per-app state the routes share (stored on ``app.state.homelab``)."""
 
-    def __init__(self, engine_provider: EngineProvider, config: ServerConfig) -> None:
+    def __init__(
+        self, engine_provider: EngineProvider, config: ServerConfig, fleet: Fleet | None = None
+    ) -> None:
         self.engine_provider = engine_provider
         self.config = config
+        self.fleet = fleet  # several models (homelab serve without MODEL); None: one model
         self.metrics = ServerMetrics()
         self.limiter = TenantLimiter()
         self.subscribers: list[RequestSubscriber] = []
         self.started = int(time.time())
 
     def engine(self) -> EngineLike:
+        if self.fleet is not None:
+            raise invalid_request("Name the model: this server serves several.", param="model")
         engine = self.engine_provider()
         if engine is None:
             raise service_unavailable(
@@ -90,16 +111,22 @@ class ServerState:
         return lambda: self.subscribers.remove(callback) if callback in self.subscribers else None
 
 
-def create_app(engine_provider: EngineProvider, config: ServerConfig) -> FastAPI:
+def create_app(
+    engine_provider: EngineProvider, config: ServerConfig, fleet: Fleet | None = None
+) -> FastAPI:
+    """One model from ``engine_provider``, or, with ``fleet``, every model of the fleet
+    (``engine_provider`` is then unused)."""
     app = FastAPI(
         title="homelab",
-        summary="OpenAI-compatible endpoint for one local model",
+        summary="OpenAI-compatible endpoint for local models",
         docs_url=None,
         redoc_url=None,
     )
-    state = ServerState(engine_provider, config)
+    state = ServerState(engine_provider, config, fleet)
     app.state.homelab = state
     _add_routes(app, state)
+    if fleet is not None:
+        _add_fleet_routes(app, state, fleet)
     _add_error_handlers(app)
     _add_middleware(app, state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -118,12 +145,45 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
             400, "The client disconnected during the upload.", code="client_disconnected"
         ) from None
     try:
-        return model.model_validate_json(raw)
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
+    state = server_state(request.app)
+    name = getattr(body, "model", None)
+    if state.fleet is not None and isinstance(name, str):
+        await _take_model(state.fleet, request, name, raw)
+    return body
+
+
+async def _take_model(fleet: Fleet, request: Request, name: str, raw: bytes) -> None:
+    """Several models: the request's model, loaded first when needed, held (a lease) until
+    the response ends; ``_context`` then serves the request with its engine."""
+    keep_alive: float | bool | None = False
+    if b'"keep_alive"' in raw:
+        value = json.loads(raw).get("keep_alive")
+        if value is not None:
+            try:
+                keep_alive = parse_keep_alive(value)
+            except HomelabError as exc:
+                raise invalid_request(exc.message, param="keep_alive") from None
+    lease = await fleet.acquire(name, keep_alive)
+    request.scope.setdefault(LEASES_KEY, []).append(lease)
 
 
 def _context(state: ServerState, request: Request) -> RequestContext:
+    """What every generation route serves a request with: the engine (the one model, or the
+    model the request named, see ``parse_body``), config and counters."""
+    leases = request.scope.get(LEASES_KEY)
+    if leases:
+        lease = leases[-1]
+        return RequestContext(
+            engine=lease.engine,
+            config=replace(state.config, model_id=lease.slot.name, model_aliases=()),
+            metrics=lease.slot.metrics,
+            tenant=request.scope[TENANT_KEY],
+            usage=request.scope.setdefault(USAGE_KEY, {}),
+            http=request,
+        )
     return RequestContext(
         engine=state.engine(),
         config=state.config,
@@ -142,6 +202,9 @@ def _body_doc(name: str) -> dict[str, Any]:
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", responses={503: {"description": "the model is loading"}})
     async def health() -> JSONResponse:
+        if state.fleet is not None:  # several models: serving as soon as it listens
+            loaded_models = [s.name for s in state.fleet.residents()]
+            return JSONResponse({"status": "ok", "loaded": loaded_models})
         loaded = state.engine_provider() is not None
         return JSONResponse(
             {"status": "ok" if loaded else "loading"}, status_code=200 if loaded else 503
@@ -149,6 +212,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=ERROR_RESPONSES)
     async def metrics() -> Response:
+        if state.fleet is not None:
+            return Response(render_fleet(state.metrics, state.fleet), media_type=CONTENT_TYPE)
         engine = state.engine_provider()
         snapshot = engine.metrics() if engine is not None else None
         return Response(
@@ -156,11 +221,18 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         )
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
-    async def list_models() -> dict[str, Any]:
+    async def list_models() -> Any:
+        if state.fleet is not None:  # with each model's status (past the ModelList schema)
+            fleet = state.fleet
+            cards = [_fleet_card(state, fleet, n) for n in fleet.names()]
+            return JSONResponse({"object": "list", "data": cards})
         return {"object": "list", "data": [_model_card(state)]}
 
     @app.get("/v1/models/{model}", response_model=ModelCard, responses=ERROR_RESPONSES)
     async def retrieve_model(model: str) -> JSONResponse:
+        if state.fleet is not None:
+            state.fleet.slot(model)  # the 404 for unknown names
+            return JSONResponse(_fleet_card(state, state.fleet, model))
         if not state.config.accepts_model(model):
             raise ApiError(
                 404,
@@ -204,6 +276,67 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         body = await parse_body(request, embeddings.EmbeddingRequest)
         return await embeddings.create_embeddings(_context(state, request), body)
 
+    @app.post(
+        "/v1/messages",
+        response_model=MessageResponse,
+        responses=ANTHROPIC_ERRORS,
+        openapi_extra=_body_doc("MessagesRequest"),
+    )
+    async def create_message(request: Request) -> Response:
+        body = await parse_body(request, MessagesRequest)
+        return await anthropic.create_message(_context(state, request), body)
+
+    @app.post(
+        "/v1/messages/count_tokens",
+        response_model=MessageTokensCount,
+        responses=ANTHROPIC_ERRORS,
+        openapi_extra=_body_doc("CountTokensRequest"),
+    )
+    async def count_message_tokens(request: Request) -> Response:
+        body = await parse_body(request, CountTokensRequest)
+        return await anthropic.count_tokens(_context(state, request), body)
+
+
+def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "homelab",
+        "status": fleet.slots[name].status,
+    }
+
+
+def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
+    """What is loaded, and loading / unloading by hand (admin keys, or loopback clients)."""
+
+    @app.get("/admin/models", responses=ERROR_RESPONSES)
+    async def loaded_models() -> dict[str, Any]:
+        return {"object": "list", "data": fleet.snapshot()}
+
+    @app.post("/admin/models/load", responses=ERROR_RESPONSES)
+    async def load_model(request: Request) -> dict[str, Any]:
+        name = _admin_model_name(await request.body())
+        slot = await fleet.load(name)
+        return {"model": slot.name, "status": slot.status}
+
+    @app.post("/admin/models/unload", responses=ERROR_RESPONSES)
+    async def unload_model(request: Request) -> dict[str, Any]:
+        name = _admin_model_name(await request.body())
+        unloaded = await fleet.unload(name)
+        return {"model": name, "status": "unloaded", "unloaded": unloaded}
+
+
+def _admin_model_name(raw: bytes) -> str:
+    try:
+        document = json.loads(raw or b"{}")
+    except ValueError:
+        raise invalid_request("The body is not valid JSON.") from None
+    name = document.get("model") if isinstance(document, dict) else None
+    if not isinstance(name, str) or not name:
+        raise invalid_request('Say which model: {"model": NAME}.', param="model")
+    return name
+
 
 def _model_card(state: ServerState) -> dict[str, Any]:
     return {
@@ -214,30 +347,35 @@ def _model_card(state: ServerState) -> dict[str, Any]:
     }
 
 
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.envelope(), status_code=error.status, headers=error.headers)
+def _error_response(error: ApiError, path: str = "") -> JSONResponse:
+    envelope = error.envelope_for(path)  # Anthropic's shape on /v1/messages, OpenAI's elsewhere
+    return JSONResponse(envelope, status_code=error.status, headers=error.headers)
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
-        return _error_response(api_error_from(exc))
+    async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
+        return _error_response(api_error_from(exc), request.url.path)
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+        path = request.url.path
         if status == 404:
-            return _error_response(ApiError(404, "Unknown route.", code="unknown_route"))
+            return _error_response(ApiError(404, "Unknown route.", code="unknown_route"), path)
         if status == 405:
             return _error_response(
-                ApiError(405, "Method not allowed for this route.", code="method_not_allowed")
+                ApiError(405, "Method not allowed for this route.", code="method_not_allowed"),
+                path,
             )
         return _error_response(
             ApiError(status, "The request could not be handled.")
             if status < 500
-            else api_error_from(exc)
+            else api_error_from(exc),
+            path,
         )
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
-        return _error_response(ApiError(400, "Invalid request parameters.", code="invalid_request"))
+    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+        error = ApiError(400, "Invalid request parameters.", code="invalid_request")
+        return _error_response(error, request.url.path)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
@@ -248,6 +386,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_middleware(app: FastAPI, state: ServerState) -> None:
     config = state.config
     # add_middleware wraps: the last one added is the outermost
+    if state.fleet is not None:
+        app.add_middleware(LeaseRelease)  # innermost: after the response (stream) has ended
     app.add_middleware(BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(
         TenantGate,
@@ -261,7 +401,7 @@ def _add_middleware(app: FastAPI, state: ServerState) -> None:
             allow_origins=list(config.cors_origins),
             allow_credentials=False,  # bearer keys, never cookies: no credentialed wildcard
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     app.add_middleware(RequestObserver, metrics=state.metrics, subscribers=state.subscribers)
 
@@ -271,7 +411,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         return app.openapi_schema
     schema = get_openapi(title=app.title, version="1", summary=app.summary, routes=app.routes)
     _, definitions = models_json_schema(
-        [(model, "validation") for model in (*REQUEST_MODELS, *NEW_DIALECT_MODELS)],
+        [
+            (model, "validation")
+            for model in (*REQUEST_MODELS, *NEW_DIALECT_MODELS, *ANTHROPIC_MODELS)
+        ],
         ref_template="#/components/schemas/{model}",
     )
     schema.setdefault("components", {}).setdefault("schemas", {}).update(

@@ -361,8 +361,7 @@ def _piece_chunks(
         if isinstance(piece, ContentDelta):
             chunks.append(writer.chunk(index, {"content": piece.text}, logprobs=logprobs))
         elif isinstance(piece, ReasoningDelta):
-            delta = {"reasoning_content": piece.text}
-            chunks.append(writer.chunk(index, delta, logprobs=logprobs))
+            chunks.append(writer.chunk(index, {"reasoning_content": piece.text}, logprobs=logprobs))
         else:
             delta = {"tool_calls": [_call_json(piece, calls_sent[index])]}
             calls_sent[index] += 1

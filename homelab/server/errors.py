@@ -34,7 +34,27 @@ ERROR_TYPES: dict[int, str] = {
     503: "service_unavailable_error",
 }
 
+# HTTP status -> Anthropic error "type" (the Messages API's envelope, on its routes only)
+ANTHROPIC_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
+
 GENERIC_500_MESSAGE = "The server had an error while processing your request."
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether errors on ``path`` take Anthropic's envelope (``/v1/messages`` and below)."""
+    return path == ANTHROPIC_PATH_PREFIX or path.startswith(ANTHROPIC_PATH_PREFIX + "/")
 
 
 @dataclass
@@ -58,8 +78,21 @@ class ApiError(Exception):
         body = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
         return {"error": body}
 
-    def json_bytes(self) -> bytes:
-        return json.dumps(self.envelope()).encode()
+    @property
+    def anthropic_type(self) -> str:
+        default = "api_error" if self.status >= 500 else "invalid_request_error"
+        return ANTHROPIC_ERROR_TYPES.get(self.status, default)
+
+    def anthropic_envelope(self) -> dict[str, Any]:
+        """``{"type": "error", "error": {"type": ..., "message": ...}}``"""
+        return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
+
+    def envelope_for(self, path: str) -> dict[str, Any]:
+        """The envelope of the dialect the route at ``path`` speaks."""
+        return self.anthropic_envelope() if speaks_anthropic(path) else self.envelope()
+
+    def json_bytes(self, path: str = "") -> bytes:
+        return json.dumps(self.envelope_for(path)).encode()
 
 
 def invalid_request(

@@ -12,6 +12,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from homelab.engine.api import EngineMetrics, RequestStats
 
@@ -164,3 +165,63 @@ def _format_value(value: float) -> str:
 
 def _format_bound(bound: float) -> str:
     return "+Inf" if math.isinf(bound) else repr(bound)
+
+
+def render_fleet(server: ServerMetrics, fleet: Any) -> str:
+    """Several models (a :class:`homelab.server.fleet.Fleet`): the HTTP counters once, then
+    each model's counters, engine gauges and residency, labelled ``model``."""
+    out = _Exposition("")
+    out.header("homelab_http_responses_total", "counter", "HTTP responses by route and status")
+    for (route, status), count in sorted(server.responses.items()):
+        rendered = f'route="{_escape(route)}",status="{status}"'
+        out.raw(f"homelab_http_responses_total{{{rendered}}} {count}")
+    families: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for slot in list(fleet.slots.values()):
+        engine = slot.engine
+        block = _Exposition(slot.name)
+        slot.metrics._render_server(block)
+        if engine is not None:
+            _render_engine(block, engine.metrics())
+        block.gauge("homelab_model_loaded", "1 when the model is loaded", int(engine is not None))
+        planned = slot.plan.memory.total_bytes if slot.plan is not None else 0
+        block.gauge("homelab_model_planned_bytes", "memory the plan gives the model", planned)
+        block.gauge(
+            "homelab_model_actual_bytes",
+            "memory llama.cpp allocated",
+            sum(slot.actual_bytes.values()),
+        )
+        block.gauge(
+            "homelab_model_requests_in_flight", "requests holding the model", slot.in_flight
+        )
+        block.counter(
+            "homelab_model_loads_total", "loads of the model", fleet.loads_total.get(slot.name, 0)
+        )
+        block.counter(
+            "homelab_model_evictions_total",
+            "unloads to make room for another model",
+            fleet.evictions_total.get(slot.name, 0),
+        )
+        _merge(block.text(), families, samples, skip="homelab_http_responses_total")
+    for name, header in families.items():
+        if name == "homelab_http_responses_total":
+            continue  # written once, above
+        for line in (*header, *samples[name]):
+            out.raw(line)
+    return out.text()
+
+
+def _merge(
+    text: str, families: dict[str, list[str]], samples: dict[str, list[str]], skip: str
+) -> None:
+    """Add one model's exposition to the families (each family's header written once)."""
+    current = ""
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            current = line.split(" ", 3)[2]
+            header = families.setdefault(current, [])
+            samples.setdefault(current, [])
+            if len(header) < 2:
+                header.append(line)
+        elif line and current != skip:
+            samples[current].append(line)

@@ -3,9 +3,10 @@
 1. :class:`RequestObserver` counts every response by route and status, logs one line per
    request (never the prompt, never the query string) and publishes a :class:`RequestRecord`
    to subscribers (the TUI's request log).
-2. :class:`TenantGate` authenticates the ``Authorization: Bearer`` key, puts the tenant in the
-   scope, keeps ``/metrics`` for admins (or loopback), and applies per-tenant concurrency and
-   rate limits to the generation routes for as long as the response (stream) lasts.
+2. :class:`TenantGate` authenticates the ``Authorization: Bearer`` (or ``x-api-key``) key, puts
+   the tenant in the scope, keeps ``/metrics`` for admins (or loopback), and applies
+   per-tenant concurrency and rate limits to the generation routes for as long as the
+   response (stream) lasts.
 3. :class:`BodyLimit` refuses bodies over the cap before they are parsed: at once from
    ``Content-Length``, or while reading a chunked body.
 """
@@ -37,9 +38,10 @@ log = logging.getLogger("homelab.server")
 TENANT_KEY = "homelab.tenant"
 USAGE_KEY = "homelab.usage"  # dict the routes fill with token counts for the request log
 PUBLIC_PATHS = frozenset({"/health"})
-ADMIN_PATHS = frozenset({"/metrics"})
+ADMIN_PATHS = frozenset({"/metrics", "/admin/models", "/admin/models/load", "/admin/models/unload"})
 GENERATION_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
+    | {"/v1/messages", "/v1/messages/count_tokens"}
 )
 KNOWN_ROUTES = frozenset(
     {*PUBLIC_PATHS, *ADMIN_PATHS, *GENERATION_PATHS, "/v1/models", "/openapi.json"}
@@ -48,8 +50,8 @@ MAX_KEY_CHARS = 512
 LOCAL = Tenant(LOCAL_TENANT, admin=True, limits=TenantLimits(max_concurrent_requests=0))  # one user
 
 
-async def send_error(send: Send, error: ApiError) -> None:
-    body = error.json_bytes()
+async def send_error(send: Send, error: ApiError, path: str = "") -> None:
+    body = error.json_bytes(path)  # the envelope of the dialect the route at ``path`` speaks
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
@@ -77,7 +79,7 @@ class BodyLimit:
             return
         declared = _header(scope, b"content-length")
         if declared and (not declared[0].isdigit() or int(declared[0]) > self.max_body_bytes):
-            await send_error(send, self._too_large())
+            await send_error(send, self._too_large(), scope["path"])
             return
         received = 0
 
@@ -117,7 +119,7 @@ class TenantGate:
             if scope["path"] in GENERATION_PATHS and scope["method"] == "POST":
                 release = self._admit(tenant)
         except ApiError as error:
-            await send_error(send, error)
+            await send_error(send, error, scope["path"])
             return
         scope[TENANT_KEY] = tenant
         try:
@@ -150,19 +152,35 @@ class TenantGate:
 
 
 def _bearer_key(scope: Scope) -> str:
-    """The key of the one ``Authorization: Bearer`` header (never from the URL)."""
+    """The key of the one ``Authorization: Bearer`` header, or of the one ``x-api-key``
+    header (Anthropic's clients), never from the URL. Both may come only with the same key."""
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     if any(name in query for name in ("api_key", "key", "api-key", "token")):
         raise _unauthorized(
             "API keys are not accepted in the URL; send 'Authorization: Bearer <key>'."
         )
     values = _header(scope, b"authorization")
+    api_keys = _header(scope, b"x-api-key")
+    if not api_keys:
+        return _authorization_key(values)
+    if len(api_keys) != 1:
+        raise _unauthorized("Send one 'x-api-key' header.")
+    key = _checked_key(api_keys[0].decode("latin-1").strip())
+    if values and _authorization_key(values) != key:
+        raise _unauthorized("The 'x-api-key' and 'Authorization' headers carry different keys.")
+    return key
+
+
+def _authorization_key(values: list[bytes]) -> str:
     if len(values) != 1:
-        raise _unauthorized("Send one 'Authorization: Bearer <key>' header.")
+        raise _unauthorized("Send one 'Authorization: Bearer <key>' (or 'x-api-key') header.")
     scheme, _, key = values[0].decode("latin-1").strip().partition(" ")
-    key = key.strip()
     if scheme.lower() != "bearer":
         raise _unauthorized("Unsupported authorization scheme: use 'Authorization: Bearer <key>'.")
+    return _checked_key(key.strip())
+
+
+def _checked_key(key: str) -> str:
     if not key or len(key) > MAX_KEY_CHARS or any(c.isspace() for c in key):
         raise _unauthorized("Empty or malformed API key.")
     return key

@@ -122,6 +122,18 @@ def after_thought(grammar: str) -> str:
     )
 
 
+def split_think_text(text: str) -> tuple[str, str, bool]:
+    """(reasoning, answer, whether the reasoning has ended) of a whole ``<think>`` reply, for
+    displays that see only the text: a ``</think>`` without an opening tag means the prompt
+    opened the block."""
+    opened = THINK_CLOSE in text and not text.lstrip().startswith(THINK_OPEN)
+    splitter = ThinkSplitter(opened)
+    parts = splitter.feed(text) + splitter.finish()
+    reasoning = "".join(p.text for p in parts if isinstance(p, ReasoningDelta))
+    answer = "".join(p.text for p in parts if isinstance(p, ContentDelta))
+    return reasoning, answer, THINK_CLOSE in text
+
+
 class Splitter(Protocol):
     @property
     def in_reasoning(self) -> bool: ...

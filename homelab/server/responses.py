@@ -5,8 +5,10 @@ checked, rendered and submitted exactly as ``/v1/chat/completions`` does it (mod
 template, tools, JSON-schema grammar, context and token limits, tenant, metrics). What comes
 back is shaped as a ``response`` object: a ``message`` item with ``output_text`` content and
 one ``function_call`` item per tool call, ``status`` "incomplete" when ``max_output_tokens``
-cut the output. ``stream: true`` sends the ``response.*`` events (see
-:mod:`responses_stream`).
+cut the output. A reasoning model's thinking (split the way chat's ``reasoning_content``
+is, see :mod:`homelab.server.replies`) comes first, as a ``reasoning`` item with
+``reasoning_text`` content; ``reasoning.effort`` reaches templates that read it.
+``stream: true`` sends the ``response.*`` events (see :mod:`responses_stream`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from homelab.engine.chat import ToolCall
 from homelab.server import chat
 from homelab.server.errors import ApiError
 from homelab.server.protocol import ChatCompletionRequest
+from homelab.server.reasoning import after_thought, thinking_switches
+from homelab.server.replies import ParsedChoice, ReplyFormat, split_format
 from homelab.server.responses_protocol import ResponsesRequest, chat_request, param_for_chat
 from homelab.server.serving import (
-    ChoiceState,
     Prompt,
     RequestContext,
     check_finish,
@@ -38,7 +41,6 @@ from homelab.server.serving import (
     tokenize,
 )
 from homelab.server.streaming import EventStreamResponse
-from homelab.server.tools import split_tool_calls
 
 CLIENT_GONE_STATUS = 499
 
@@ -51,13 +53,14 @@ class Prepared:
     chat: ChatCompletionRequest
     prompt: Prompt
     sampling_for: Callable[[int, Prompt], SamplingParams]
-    parse_tools: bool
+    reply: ReplyFormat  # how to split the output: reasoning, text, tool calls
 
 
 async def create_response(ctx: RequestContext, req: ResponsesRequest) -> Response:
     prepared = await prepare(ctx, req)
     ctx.request_id = new_id("resp")
-    handles, states = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
+    handles, submitted = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
+    states = prepared.reply.choices(submitted, handles)
     if req.stream:
         from homelab.server.responses_stream import response_events
 
@@ -68,7 +71,7 @@ async def create_response(ctx: RequestContext, req: ResponsesRequest) -> Respons
     record(ctx, states)
     state = states[0]
     finish = check_finish(state.finish)
-    output = output_items(state.text, prepared.parse_tools)
+    output = output_items(*state.parts())
     body = response_object(ctx, prepared, output_status(finish.reason, output), output, state)
     return JSONResponse(body)
 
@@ -85,13 +88,23 @@ async def prepare(ctx: RequestContext, req: ResponsesRequest) -> Prepared:
             )
         tools = chat.offered_tools(creq, template)
         grammar = chat.output_grammar(creq, tools, template)
-        text = await chat.render(ctx, creq.messages, tools)
+        effort = req.reasoning.effort if req.reasoning else None
+        switches = thinking_switches(
+            getattr(template, "source", ""),
+            reasoning_effort=effort,
+            default_enable_thinking=ctx.config.enable_thinking,
+        )
+        text = await chat.render(ctx, creq.messages, tools, switches)
         tokens = await tokenize(ctx.engine, text, add_bos=True)
         max_tokens = max_tokens_for(
             ctx, creq.requested_max_tokens(), ctx.config.default_max_tokens, len(tokens)
         )
     except ApiError as error:
         raise param_for_chat(error) from None
+    reasoning = split_format(template, ctx.config.reasoning_format)
+    reply = ReplyFormat.for_prompt(ctx.engine, reasoning, text, parse_tools=tools is not None)
+    if grammar is not None and reply.opened:  # the reply starts inside <think>: let it think
+        grammar = after_thought(grammar)
     n_vocab = ctx.engine.model_info.n_vocab
 
     def sampling_for(index: int, _: Prompt) -> SamplingParams:
@@ -104,7 +117,7 @@ async def prepare(ctx: RequestContext, req: ResponsesRequest) -> Prepared:
             choice_index=index,
         )
 
-    return Prepared(req, creq, Prompt(tokens, text), sampling_for, tools is not None)
+    return Prepared(req, creq, Prompt(tokens, text), sampling_for, reply)
 
 
 def new_id(prefix: str) -> str:
@@ -118,6 +131,10 @@ def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
 def message_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
     content = [] if text is None else [text_part(text)]
     return {
@@ -127,6 +144,11 @@ def message_item(item_id: str, text: str | None, status: str = "completed") -> d
         "role": "assistant",
         "content": content,
     }
+
+
+def reasoning_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
+    content = [] if text is None else [reasoning_part(text)]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -141,11 +163,12 @@ def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[s
     }
 
 
-def output_items(text: str, parse_tools: bool) -> list[dict[str, Any]]:
-    """A finished output as items: the message (when there is text, or nothing else), then
-    one function_call per tool call, split the same way the stream splits it."""
-    content, calls = split_tool_calls(text) if parse_tools else (text, [])
-    items = [message_item(new_id("msg"), content)] if content or not calls else []
+def output_items(reasoning: str, content: str, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """A finished output as items: the reasoning (if any), the message (when there is text,
+    or nothing else), then one function_call per tool call."""
+    items = [reasoning_item(new_id("rs"), reasoning)] if reasoning else []
+    if content or not calls:
+        items.append(message_item(new_id("msg"), content))
     return items + [call_item(new_id("fc"), call) for call in calls]
 
 
@@ -158,15 +181,16 @@ def output_status(reason: str, output: list[dict[str, Any]]) -> str:
 # --- the response object --------------------------------------------------------------------
 
 
-def response_usage(state: ChoiceState) -> dict[str, Any] | None:
+def response_usage(state: ParsedChoice) -> dict[str, Any] | None:
     stats = state.finish.stats if state.finish else None
     if stats is None:
         return None
+    reasoning_tokens = min(state.reply.reasoning_tokens, stats.completion_tokens)
     return {
         "input_tokens": stats.prompt_tokens,
         "input_tokens_details": {"cached_tokens": stats.cached_tokens},
         "output_tokens": stats.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
     }
 
@@ -176,7 +200,7 @@ def response_object(
     prepared: Prepared,
     status: str,
     output: list[dict[str, Any]],
-    state: ChoiceState | None = None,
+    state: ParsedChoice | None = None,
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     req = prepared.req

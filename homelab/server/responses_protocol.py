@@ -89,7 +89,7 @@ class ResponsesRequest(_Wire):
     """The fields of ``POST /v1/responses`` this server reads (others are ignored)."""
 
     model: str
-    input: Annotated[Any, InputJson] = None  # a string or items, translated by chat_request
+    input: Annotated[Any, InputJson]  # a string or a list of items, see chat_request
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -110,13 +110,6 @@ class ResponsesRequest(_Wire):
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
-
-    @field_validator("input")
-    @classmethod
-    def _input_present(cls, value: Any) -> Any:
-        if value is None:
-            raise ValueError("input is required (a string or a list of input items)")
-        return value
 
     @field_validator("store")
     @classmethod

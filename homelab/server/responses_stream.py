@@ -4,17 +4,19 @@ Each event is ``event: <type>`` plus ``data: {"type": <type>, "sequence_number":
 there is no ``[DONE]``. The order, as OpenAI sends it::
 
     response.created, response.in_progress
-    per message:  response.output_item.added, response.content_part.added,
-                  response.output_text.delta…, response.output_text.done,
-                  response.content_part.done, response.output_item.done
-    per call:     response.output_item.added, response.function_call_arguments.delta,
-                  response.function_call_arguments.done, response.output_item.done
+    per reasoning: response.output_item.added, response.content_part.added,
+                   response.reasoning_text.delta…, response.reasoning_text.done,
+                   response.content_part.done, response.output_item.done
+    per message:   the same with response.output_text.delta… / .done
+    per call:      response.output_item.added, response.function_call_arguments.delta,
+                   response.function_call_arguments.done, response.output_item.done
     response.completed (or response.incomplete when max_output_tokens cut it)
 
-Tool calls are found in the text as it streams (:class:`~homelab.server.tools.ToolCallStream`):
-text before a call is the message, each whole call becomes a function_call item (its
-arguments in one delta). An error after the stream started is an ``error`` event followed by
-``response.failed``; a disconnect cancels the generation (see ``EventStreamResponse``).
+The pieces come from the choice's reply parser (:class:`~homelab.server.replies.ParsedChoice`:
+reasoning, answer text and whole tool calls, as chat streams them); each whole call becomes a
+function_call item with its arguments in one delta. An error after the stream started is an
+``error`` event followed by ``response.failed``; a disconnect cancels the generation (see
+``EventStreamResponse``).
 """
 
 from __future__ import annotations
@@ -23,20 +25,22 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from homelab.engine.api import TokenEvent
 from homelab.engine.chat import ToolCall
 from homelab.server.errors import api_error_from
+from homelab.server.reasoning import ReasoningDelta
+from homelab.server.replies import ParsedChoice, ReplyPiece
 from homelab.server.responses import (
     Prepared,
     call_item,
     message_item,
     new_id,
     output_status,
+    reasoning_item,
+    reasoning_part,
     response_object,
     text_part,
 )
 from homelab.server.serving import (
-    ChoiceState,
     HandleLike,
     RequestContext,
     cancel_all,
@@ -44,7 +48,12 @@ from homelab.server.serving import (
     merged_events,
     record,
 )
-from homelab.server.tools import ContentDelta, Piece, ToolCallStream
+from homelab.server.tools import ContentDelta
+
+TEXT_KINDS = {  # item type -> (id prefix, delta event, done event)
+    "message": ("msg", "response.output_text.delta", "response.output_text.done"),
+    "reasoning": ("rs", "response.reasoning_text.delta", "response.reasoning_text.done"),
+}
 
 
 class _Events:
@@ -53,7 +62,7 @@ class _Events:
     def __init__(self) -> None:
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
-        self._message: dict[str, Any] | None = None  # the message item being streamed
+        self._open: dict[str, Any] | None = None  # the message or reasoning item streaming
 
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -61,64 +70,61 @@ class _Events:
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
-    # --- the message item ------------------------------------------------------------------
+    # --- text items (message, reasoning) ----------------------------------------------------
 
-    def text(self, delta: str) -> list[bytes]:
-        chunks = [] if self._message is not None else self._open_message()
-        assert self._message is not None
-        self._message["content"][0]["text"] += delta
+    def text(self, item_type: str, delta: str) -> list[bytes]:
+        chunks = []
+        if self._open is None or self._open["type"] != item_type:
+            chunks = [*self.close_open(), *self._open_item(item_type)]
+        assert self._open is not None
+        self._open["content"][0]["text"] += delta
+        extra: dict[str, Any] = {"logprobs": []} if item_type == "message" else {}
         chunks.append(
             self.event(
-                "response.output_text.delta",
-                **self._where(),
-                content_index=0,
-                delta=delta,
-                logprobs=[],
+                TEXT_KINDS[item_type][1], **self._where(), content_index=0, delta=delta, **extra
             )
         )
         return chunks
 
-    def _open_message(self) -> list[bytes]:
-        item = message_item(new_id("msg"), None, status="in_progress")
+    def _open_item(self, item_type: str) -> list[bytes]:
+        make = message_item if item_type == "message" else reasoning_item
+        item = make(new_id(TEXT_KINDS[item_type][0]), None, status="in_progress")
         self.items.append(item)
-        self._message = item
+        self._open = item
         added = self.event(
             "response.output_item.added", output_index=len(self.items) - 1, item=item
         )
-        item["content"].append(text_part(""))
-        part = self.event(
-            "response.content_part.added", **self._where(), content_index=0, part=text_part("")
+        part = text_part("") if item_type == "message" else reasoning_part("")
+        item["content"].append(part)
+        part_added = self.event(
+            "response.content_part.added", **self._where(), content_index=0, part=part
         )
-        return [added, part]
+        return [added, part_added]
 
-    def close_message(self) -> list[bytes]:
-        item = self._message
+    def close_open(self) -> list[bytes]:
+        item = self._open
         if item is None:
             return []
-        self._message = None
+        where = self._where()
+        self._open = None
         part = item["content"][0]
-        where = {"item_id": item["id"], "output_index": self.items.index(item)}
         item["status"] = "completed"
+        extra: dict[str, Any] = {"logprobs": []} if item["type"] == "message" else {}
+        done_kind = TEXT_KINDS[item["type"]][2]
         return [
-            self.event(
-                "response.output_text.done",
-                **where,
-                content_index=0,
-                text=part["text"],
-                logprobs=[],
-            ),
+            self.event(done_kind, **where, content_index=0, text=part["text"], **extra),
             self.event("response.content_part.done", **where, content_index=0, part=part),
             self.event("response.output_item.done", output_index=where["output_index"], item=item),
         ]
 
     def _where(self) -> dict[str, Any]:
-        assert self._message is not None
-        return {"item_id": self._message["id"], "output_index": len(self.items) - 1}
+        assert self._open is not None
+        return {"item_id": self._open["id"], "output_index": self.items.index(self._open)}
 
     # --- function calls ----------------------------------------------------------------------
 
     def call(self, call: ToolCall) -> list[bytes]:
-        chunks = self.close_message()
+        chunks = self.close_open()
         item_id = new_id("fc")
         index = len(self.items)
         done = call_item(item_id, call)
@@ -141,64 +147,58 @@ class _Events:
             self.event("response.output_item.done", output_index=index, item=done),
         ]
 
-    def pieces(self, pieces: Sequence[Piece]) -> list[bytes]:
+    def pieces(self, pieces: Sequence[ReplyPiece]) -> list[bytes]:
         chunks: list[bytes] = []
         for piece in pieces:
-            if isinstance(piece, ContentDelta):
-                chunks += self.text(piece.text) if piece.text else []
+            if isinstance(piece, ReasoningDelta):
+                chunks += self.text("reasoning", piece.text) if piece.text else []
+            elif isinstance(piece, ContentDelta):
+                chunks += self.text("message", piece.text) if piece.text else []
             else:
                 chunks += self.call(piece)
         return chunks
 
     def finish(self) -> list[bytes]:
-        """Close what is open; a response with no output at all still gets its (empty)
+        """Close what is open; a response without a message or call still gets its (empty)
         message, as the non-streamed response does."""
-        if not self.items:
-            return [*self._open_message(), *self.close_message()]
-        return self.close_message()
+        chunks = self.close_open()
+        if not any(item["type"] in ("message", "function_call") for item in self.items):
+            chunks += [*self._open_item("message"), *self.close_open()]
+        return chunks
 
 
 async def response_events(
     ctx: RequestContext,
     prepared: Prepared,
     handles: Sequence[HandleLike],
-    states: list[ChoiceState],
+    states: Sequence[ParsedChoice],
 ) -> AsyncIterator[bytes]:
     events = _Events()
-    parser = ToolCallStream() if prepared.parse_tools else None
+    state = states[0]
     completed = False
     try:
         started = response_object(ctx, prepared, "in_progress", [])
         yield events.event("response.created", response=started)
         yield events.event("response.in_progress", response=started)
-        async for index, event in merged_events(handles):
-            states[index].add(event)
-            if isinstance(event, TokenEvent):
-                pieces: list[Piece] = (
-                    parser.feed(event.text) if parser else [ContentDelta(event.text)]
-                )
-                for chunk in events.pieces(pieces):
-                    yield chunk
-                continue
-            finish = check_finish(event)  # raises: reported as an error event
-            for chunk in events.pieces(parser.finish() if parser else []) + events.finish():
+        async for _, event in merged_events(handles):
+            state.add(event)  # parses: reasoning, text, tool calls
+            for chunk in events.pieces(state.take()):
                 yield chunk
-            status = output_status(finish.reason, events.items)
-            final = response_object(ctx, prepared, status, events.items, states[0])
-            kind = "response.incomplete" if status == "incomplete" else "response.completed"
-            completed = True
-            yield events.event(kind, response=final)
+        finish = check_finish(state.finish)  # raises: reported as an error event
+        for chunk in events.finish():
+            yield chunk
+        status = output_status(finish.reason, events.items)
+        final = response_object(ctx, prepared, status, events.items, state)
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        completed = True
+        yield events.event(kind, response=final)
     except Exception as exc:  # after the stream started: an error event, then response.failed
         completed = True
         error = api_error_from(exc)
         code = error.code or error.type
         yield events.event("error", code=code, message=error.message, param=error.param)
         failed = response_object(
-            ctx,
-            prepared,
-            "failed",
-            events.items,
-            error={"code": code, "message": error.message},
+            ctx, prepared, "failed", events.items, error={"code": code, "message": error.message}
         )
         yield events.event("response.failed", response=failed)
     finally:

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from homelab.errors import EngineError
 from homelab.server.app import EngineProvider, RequestSubscriber, create_app, server_state
 from homelab.server.config import ServerConfig
+from homelab.server.fleet import Fleet
 from homelab.server.serving import EngineLike
 
 STARTUP_TIMEOUT_S = 15.0
@@ -95,18 +96,20 @@ class ServerHandle:
 
 
 def start_server(
-    engine: EngineLike | EngineProvider,
+    engine: EngineLike | EngineProvider | None,
     host: str = "127.0.0.1",
     port: int = 0,
     config: ServerConfig | None = None,
+    fleet: Fleet | None = None,
 ) -> ServerHandle:
-    """Serve ``engine`` (or an engine provider) on ``host:port`` (0: a free port) in a thread."""
+    """Serve ``engine`` (or an engine provider), or every model of ``fleet`` (``engine``
+    None), on ``host:port`` (0: a free port) in a thread."""
     config = replace(config or ServerConfig(), host=host)
     provider: EngineProvider = engine if callable(engine) else (lambda: engine)
     sock = bind_socket(host, port)
     bound_port = sock.getsockname()[1]
     config = replace(config, port=bound_port)
-    app = create_app(provider, config)
+    app = create_app(provider, config, fleet)
     server = uvicorn_server(app)
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}"

@@ -316,7 +316,7 @@ async def merged_events(handles: Sequence[HandleLike]) -> AsyncIterator[tuple[in
 
 
 async def collect(
-    ctx: RequestContext, handles: Sequence[HandleLike], states: list[ChoiceState]
+    ctx: RequestContext, handles: Sequence[HandleLike], states: Sequence[ChoiceState]
 ) -> bool:
     """Read every choice to its end; False when the client went away first (all cancelled)."""
     finished = False

@@ -21,16 +21,10 @@ from engine_helpers import tiny_settings
 
 from homelab.engine.acceptance import accept_or_resample
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
+from homelab.engine.draft_policy import PROBE_INTERVAL, Acceptance, DraftPolicy, LinearCost
 from homelab.engine.engine import Engine
 from homelab.engine.scheduler import Completion, RequestHandle
-from homelab.engine.speculation import (
-    Acceptance,
-    DraftPolicy,
-    LinearCost,
-    NgramDrafter,
-    SpeculationConfig,
-    SpeculationError,
-)
+from homelab.engine.speculation import NgramDrafter, SpeculationConfig, SpeculationError
 
 # Greedy decoding with speculation verifies a draft in one batch; on a CPU a batch's float
 # sums differ from a single token's by ~1e-3 in the logits, so where the two best tokens are
@@ -424,22 +418,57 @@ def test_adaptive_drafting_backs_off_a_draft_that_disagrees(
     assert backed_off.draft_tokens_total < tried.draft_tokens_total / 3
 
 
-def test_policy_drafts_long_when_it_pays_and_not_at_all_when_it_loses() -> None:
-    policy = DraftPolicy(SpeculationConfig("ngram", max_draft_tokens=8))
-    for _ in range(30):
-        policy.target.observe(1, 0.010)
-        policy.target.observe(9, 0.012)
-    ratio = policy.cost_ratio(1, 1)
-    assert ratio == pytest.approx(0.25 / 10.25, rel=0.05)  # 0.25 ms per row, 10.25 ms a step
-    sure, hopeless = Acceptance(kept=50.0, rejected=1.0), Acceptance(kept=1.0, rejected=30.0)
-    assert policy.draft_length(sure, ratio, limit=20) == 8
-    assert policy.draft_length(sure, ratio, limit=3) == 3
-    assert policy.draft_length(hopeless, ratio, limit=20) == 1  # 7 % still pays for a cheap row
-    assert policy.draft_length(hopeless, 0.2, limit=20) == 0  # not for a costly one
-    assert policy.draft_length(sure, 1.2, limit=20) == 0  # a drafted token costs too much
-    for _ in range(60):  # a sequence that stopped drafting drifts back to probing
-        policy.idle(hopeless)
-    assert policy.draft_length(hopeless, 0.2, limit=20) >= 2  # back near the prior, 0.6
+def measured_policy(
+    one_row_s: float, batch: Callable[[int], float], *, draft: Callable[[int], float] | None = None
+) -> DraftPolicy:
+    policy = DraftPolicy(8, adaptive=True, uses_draft_model=draft is not None)
+    for rows in (1, 2, 3, 5, 9, 4, 7) * 4:
+        policy.target.observe(rows, one_row_s if rows == 1 else batch(rows))
+        if draft is not None:
+            policy.draft.observe(rows, draft(rows))
+    return policy
+
+
+SURE = Acceptance(kept=60.0, rejected=1.0)  # alpha ~0.97
+HOPELESS = Acceptance(kept=0.0, rejected=40.0)  # alpha ~0.03
+
+
+def test_policy_drafts_long_where_a_batch_row_is_cheap() -> None:
+    policy = measured_policy(0.010, lambda rows: 0.010 + 0.00025 * rows)  # a GPU-like card
+    assert policy.plan([(SURE, 20)], room=64) == [8]
+    assert policy.plan([(SURE, 3)], room=64) == [3]  # max_tokens or context left
+    assert policy.plan([(SURE, 20)], room=5) == [5]  # the batch is full
+    assert policy.plan([(HOPELESS, 20)], room=64) == [0]
+    # the most promising sequences draft first
+    assert policy.plan([(HOPELESS, 20), (SURE, 20), (HOPELESS, 20)], room=64) == [0, 8, 0]
+
+
+def test_policy_stays_plain_where_a_batch_costs_far_more_than_a_row() -> None:
+    """Measured here for Q8_0 on 2 CPU cores: one row 4.3 ms, two 9.8 ms, nine 19.9 ms."""
+    policy = measured_policy(0.0043, lambda rows: 0.0078 + 0.00135 * rows)
+    likely = Acceptance(kept=7.0, rejected=3.0)  # alpha ~0.7
+    assert policy.plan([(likely, 20)], room=64) == [0]
+    assert policy.plan([(SURE, 20)], room=64) == [8]  # ~7 tokens for 4.6 steps' time
+    # a draft model as slow as the target makes even a sure draft lose
+    costly = measured_policy(0.0043, lambda rows: 0.0078 + 0.00135 * rows, draft=lambda r: 0.0043)
+    assert costly.plan([(SURE, 20)], room=64) == [0]
+
+
+def test_policy_probes_again_after_a_while() -> None:
+    policy = measured_policy(0.010, lambda rows: 0.010 + 0.002 * rows)
+    plans = [policy.plan([(HOPELESS, 8)], room=64) for _ in range(PROBE_INTERVAL + 1)]
+    assert plans[:PROBE_INTERVAL] == [[0]] * PROBE_INTERVAL
+    assert plans[PROBE_INTERVAL][0] > 0  # one optimistic plan measures the draft again
+    faded = Acceptance(kept=0.0, rejected=40.0)
+    for _ in range(60):  # a sequence that decodes plainly drifts back to the prior
+        policy.idle(faded)
+    assert policy.acceptance(faded) > 0.5
+
+
+def test_fixed_draft_length_fills_what_the_batch_allows() -> None:
+    policy = DraftPolicy(4, adaptive=False, uses_draft_model=False)
+    assert policy.plan([(HOPELESS, 9), (HOPELESS, 2), (SURE, 0)], room=64) == [4, 2, 0]
+    assert policy.plan([(HOPELESS, 9), (HOPELESS, 9)], room=5) == [2, 3]
 
 
 def test_linear_cost_fits_a_step_and_a_row() -> None:

@@ -1,12 +1,14 @@
-"""A stand-in for the engine, so the server's validation tests run without llama.cpp.
+"""A stand-in for the engine, so the server's validation tests run without loading a model.
 
 Why it exists: most of what the server checks — JSON, parameter ranges, keys, routes, the
 OpenAI error envelope, context arithmetic — is about HTTP and the wire format, not about a
 model. Run against a real llama.cpp engine, the 60-case bad-request table pays for a model
-load, a uvicorn thread and real sockets; behind ``httpx.ASGITransport(create_app(...))`` with
-this fake it runs in well under a second, on any machine. The real engine still answers the
-same table's live subset (tests/server/test_bad_requests.py) and every other server test, so
-the fake cannot drift from the contract unnoticed.
+load, a uvicorn thread, real sockets and a machine that can run llama.cpp; behind
+``httpx.ASGITransport(create_app(...))`` with this fake it runs in about a second, in
+process. (Only the JSON-schema cases still call llama-cpp-python's pure-Python schema
+converter.) The real engine still answers the table's live subset
+(tests/server/test_bad_requests.py) and every other server test, so the fake cannot drift
+from the contract unnoticed.
 
 It keeps the engine's contract where the server can see it (``EngineLike`` in
 homelab/server/serving.py): the demo model's vocabulary size and real chat template (the same

@@ -11,6 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Static
 
+from homelab.server.reasoning import THINK_CLOSE, THINK_OPEN, split_think_text
 from homelab.tui.format import HIDDEN, rate, seconds
 from homelab.tui.messages import CancelRequested, PromptSubmitted
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class ChatMessage(Static):
-    """One turn; the assistant's grows while it streams."""
+    """One turn; the assistant's grows while it streams. A reasoning model's thinking is shown
+    dimmed while it lasts, then folded to one line above the answer."""
 
     DEFAULT_CSS = """
     ChatMessage { height: auto; margin: 0 0 1 0; padding: 0 1; }
@@ -36,7 +38,27 @@ class ChatMessage(Static):
 
     def append(self, text: str) -> None:
         self.text += text
-        self.update(Text(self.text))
+        self.update(self.shown())
+
+    def thinks(self) -> bool:
+        return self.role == "assistant" and (THINK_OPEN in self.text or THINK_CLOSE in self.text)
+
+    def shown(self) -> Text:
+        if not self.thinks():
+            return Text(self.text)
+        reasoning, answer, closed = split_think_text(self.text)
+        shown = Text()
+        if reasoning and closed:
+            shown.append(f"▸ thought ({len(reasoning.split())} words)\n", style="dim italic")
+        elif reasoning:
+            shown.append(reasoning + "\n", style="dim italic")
+        shown.append(answer)
+        return shown
+
+    @property
+    def answer(self) -> str:
+        """The text without its thinking (what the next turn's template is given)."""
+        return split_think_text(self.text)[1] if self.thinks() else self.text
 
 
 class ChatPanel(Vertical):
@@ -91,7 +113,7 @@ class ChatPanel(Vertical):
         if message is None:
             return
         message.remove_class("-streaming")
-        self.history.append({"role": "assistant", "content": message.text})
+        self.history.append({"role": "assistant", "content": message.answer})
         footer = answer_footer(reason, stats, frozen=frozen)
         message.append(f"\n— {footer}")
 
