@@ -29,6 +29,7 @@ from homelab.gguf.model import ModelInfo
 from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
 from homelab.llamacpp.model import Model, ModelLoadError, ModelParams
 from homelab.settings import Settings
+from homelab.units import MIB
 
 MIN_CTX_PER_SLOT = 512
 MAX_CONTEXT_HALVINGS = 2
@@ -37,7 +38,6 @@ _BUFFER_LINE = re.compile(
     r"(?P<device>[\w.-]+)\s+(?P<kind>model|KV|RS|compute|output) buffer size =\s*"
     r"(?P<mib>[\d.]+) MiB"
 )
-_MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def parse_buffers(log_text: str) -> BufferSizes:
     for match in _BUFFER_LINE.finditer(log_text):
         table = kinds[match["kind"]]
         device = match["device"]
-        table[device] = table.get(device, 0) + round(float(match["mib"]) * _MIB)
+        table[device] = table.get(device, 0) + round(float(match["mib"]) * MIB)
     return sizes
 
 

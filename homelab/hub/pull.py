@@ -43,6 +43,7 @@ from homelab.hub.quants import (
 )
 from homelab.hub.settings import HubSettings, hub_settings
 from homelab.locations import data_dir
+from homelab.units import format_gib
 
 HASH_CHUNK_BYTES = 8 << 20
 MAX_STALLED_RETRIES = 4  # retries in a row that bring no new byte
@@ -268,8 +269,8 @@ def _require_disk(folder: Path, needed_bytes: int, label: str) -> None:
     free_bytes = shutil.disk_usage(folder).free
     if free_bytes < needed_bytes + DISK_MARGIN_BYTES:
         raise HubError(
-            f"Not enough free disk for {label}: needs {needed_bytes / 2**30:.2f} GiB "
-            f"more, {free_bytes / 2**30:.2f} GiB free in {folder}.",
+            f"Not enough free disk for {label}: needs {format_gib(needed_bytes)} "
+            f"more, {format_gib(free_bytes)} free in {folder}.",
             hint="Free some space, or point HF_HOME / HF_HUB_CACHE at a larger disk.",
         )
 

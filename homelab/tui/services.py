@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from homelab.errors import HomelabError
 from homelab.tui.format import human_tokens
 from homelab.tui.knobs import Knobs
+from homelab.units import format_gib
 
 if TYPE_CHECKING:
     from homelab.engine.loader import LoadReport
@@ -163,7 +164,7 @@ def model_line(choice: ModelChoice) -> str:
     """The plan panel's first line (markup)."""
     from rich.markup import escape
 
-    size = "" if choice.size_bytes is None else f" · {choice.size_bytes / (1 << 30):.2f} GiB"
+    size = "" if choice.size_bytes is None else f" · {format_gib(choice.size_bytes)}"
     demo = " [b $warning]demo model, random weights[/]" if choice.is_demo else ""
     where = "" if choice.runnable else " [dim](not downloaded)[/]"
     return f"[b]{escape(choice.label)}[/b]{demo}{where}[dim]{size} · {escape(choice.detail)}[/]"
