@@ -2,10 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Build llama-cpp-python with CUDA when an NVIDIA driver is visible; CMAKE_ARGS overrides.
+# Build llama-cpp-python with the RPC backend (`homelab worker`, `--rpc`), and with CUDA when
+# an NVIDIA driver is visible; CMAKE_ARGS overrides both.
 CUDA_ARGS := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "-DGGML_CUDA=on")
-export CMAKE_ARGS ?= $(CUDA_ARGS)
-# pip's wheel cache ignores CMAKE_ARGS: with custom build flags, never reuse a cached (CPU) wheel.
+export CMAKE_ARGS ?= -DGGML_RPC=on $(CUDA_ARGS)
+# pip's wheel cache ignores CMAKE_ARGS: with custom build flags, never reuse a cached wheel
+# (a plain CPU wheel without RPC would be installed silently).
 PIP_CACHE_FLAG := $(if $(strip $(CMAKE_ARGS)),--no-cache-dir,)
 
 .PHONY: run test check lint typecheck install install-test clean bench

@@ -31,6 +31,10 @@ class Settings:
     swa_full: bool = False
     n_threads: int | None = None  # None: llama.cpp's default for this machine
     kv_unified: bool = False
+    # llama.cpp RPC workers ("HOST:PORT") whose devices come first in the split, and the
+    # planner's explicit tensor split over the offload devices (empty: llama.cpp's default)
+    rpc_servers: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

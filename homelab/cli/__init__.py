@@ -31,6 +31,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "choose quant, KV types, context, slots and offload"),
     "run": ("run", "run a model and stream the answer with tok/s"),
     "serve": ("serve", "serve an OpenAI-compatible endpoint"),
+    "worker": ("worker", "offer this machine's devices to another homelab (llama.cpp RPC)"),
     "ps": ("ps", "show the models a running server has loaded"),
     "bench": ("bench", "measure tok/s per setting and concurrency x KV type"),
     "quality": ("quality", "measure the quality cost of the plan (KLD, ppl)"),

@@ -35,7 +35,7 @@ MIN_CTX_PER_SLOT = 512
 MAX_CONTEXT_HALVINGS = 2
 
 _BUFFER_LINE = re.compile(
-    r"(?P<device>[\w.-]+)\s+(?P<kind>model|KV|RS|compute|output) buffer size =\s*"
+    r"(?P<device>[\w.:\[\]-]+)\s+(?P<kind>model|KV|RS|compute|output) buffer size =\s*"
     r"(?P<mib>[\d.]+) MiB"
 )
 

@@ -27,6 +27,7 @@ class BuildInfo:
     system_info: str | None
     backends: tuple[str, ...]  # e.g. ("CUDA", "CPU"), parsed from system_info
     error: str | None = None
+    rpc: bool | None = None  # the RPC backend (remote workers); None: not known
 
     @property
     def cpu_only(self) -> bool:
@@ -44,6 +45,7 @@ def read_build() -> BuildInfo:
         gpu_offload=facts.gpu_offload,
         system_info=facts.system_info,
         backends=parse_backends(facts.system_info),
+        rpc=facts.rpc,
     )
 
 

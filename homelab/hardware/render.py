@@ -126,6 +126,8 @@ def build_lines(build: BuildInfo) -> list[str]:
     offload = {True: "yes", False: "no (CPU-only build)", None: NOT_AVAILABLE}[build.gpu_offload]
     backends = ", ".join(build.backends) or NOT_AVAILABLE
     summary = f"{shown(build.version)} · GPU offload: {offload} · backends: {backends}"
+    if build.rpc is not None:
+        summary += " · RPC workers: " + ("yes" if build.rpc else "no (built without GGML_RPC)")
     return [row("llama.cpp", summary), row("", shown(build.system_info))]
 
 

@@ -37,6 +37,7 @@ class BuildFacts:
     version: str | None
     gpu_offload: bool
     system_info: str  # e.g. "CUDA : ARCHS = 890 | ... | CPU : SSE3 = 1 | ..."
+    rpc: bool = False  # built with the RPC backend (remote workers, ``homelab worker``)
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,14 @@ def build_facts() -> BuildFacts:
         version=getattr(module, "__version__", None),
         gpu_offload=supports_gpu_offload(),
         system_info=text.strip(),
+        rpc=_has_rpc(),
     )
+
+
+def _has_rpc() -> bool:
+    from homelab.llamacpp.rpc import available
+
+    return available()
 
 
 def supports_gpu_offload() -> bool:

@@ -23,6 +23,7 @@ from homelab.errors import EngineError
 from homelab.llamacpp._lib import lib, to_bytes
 from homelab.llamacpp.backend import cpu_buffer_type
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
+from homelab.llamacpp.rpc import offload_devices, register_workers
 from homelab.llamacpp.vocab import Vocab
 from homelab.settings import Settings
 
@@ -36,10 +37,18 @@ class ModelParams:
     n_gpu_layers: int = ALL_LAYERS
     n_cpu_moe: int = 0  # MoE experts of blocks 0..n_cpu_moe-1 stay in host memory
     allocate: bool = True  # False: the dry run (sizes logged, nothing read or allocated)
+    rpc_servers: tuple[str, ...] = ()  # RPC workers whose devices come first (registered)
+    tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device
 
     @classmethod
     def from_settings(cls, settings: Settings, *, allocate: bool = True) -> ModelParams:
-        return cls(settings.n_gpu_layers, settings.n_cpu_moe, allocate)
+        return cls(
+            settings.n_gpu_layers,
+            settings.n_cpu_moe,
+            allocate,
+            tuple(settings.rpc_servers),
+            tuple(float(share) for share in settings.tensor_split),
+        )
 
 
 class ModelLoadError(EngineError):
@@ -82,7 +91,10 @@ class Model:
         """Load ``path`` (the first part of a split set names the whole set)."""
         path = Path(path)
         keepalive: list[Any] = []
-        c_params = _c_params(params or ModelParams(), keepalive)
+        params = params or ModelParams()
+        if params.rpc_servers:
+            register_workers(params.rpc_servers)  # RpcError naming the worker, before loading
+        c_params = _c_params(params, keepalive)
         with capture_log() as lines:
             pointer = lib().llama_model_load_from_file(to_bytes(path), c_params)
         if not pointer:
@@ -126,7 +138,20 @@ def _c_params(params: ModelParams, keepalive: list[Any]) -> Any:
         c_params.load_mode = module.LLAMA_LOAD_MODE_NONE
     if params.n_cpu_moe > 0:
         c_params.tensor_buft_overrides = _expert_overrides(params.n_cpu_moe, keepalive)
+    if params.rpc_servers:
+        c_params.devices = _device_list(offload_devices(params.rpc_servers), keepalive)
+    if params.tensor_split:
+        shares = (ctypes.c_float * module.llama_max_devices())(*params.tensor_split)
+        keepalive.append(shares)
+        c_params.tensor_split = ctypes.cast(shares, ctypes.POINTER(ctypes.c_float))
     return c_params
+
+
+def _device_list(devices: list[int], keepalive: list[Any]) -> int:
+    """A NULL-terminated ``ggml_backend_dev_t`` array (llama_model_params.devices)."""
+    array = (ctypes.c_void_p * (len(devices) + 1))(*devices)
+    keepalive.append(array)
+    return ctypes.addressof(array)
 
 
 def _expert_overrides(n_cpu_moe: int, keepalive: list[Any]) -> int:

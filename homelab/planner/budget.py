@@ -6,7 +6,10 @@ A budget is what the plan may use on a device, overheads included:
 * a GPU profile (``--gpu rtx-4090``, planning for hardware that isn't here): its VRAM minus a
   desktop reserve (the display and desktop apps) minus the margin;
 * ``--vram BYTES``: those bytes minus the margin;
-* the host: available RAM (or ``--ram``) minus a host margin.
+* the host: available RAM (or ``--ram``) minus a host margin;
+* a device of a llama.cpp RPC worker (``--rpc HOST:PORT``): the free memory the worker reports
+  minus the margin, or ``--rpc-budget``. Remote devices come right after the host, in the
+  order given: llama.cpp puts RPC devices first in its split.
 
 Each GPU also carries its runtime overhead (CUDA context, cuBLAS workspace, pool), taken from
 its profile when there is one (``profiles/gpus.toml``), else :data:`DEFAULT_GPU_OVERHEAD_BYTES`.
@@ -50,6 +53,7 @@ class Device:
     free_bytes: int | None = None  # what llama.cpp will see free; GPUs share layers by it
     fp16_tflops: float | None = None  # dense tensor-core FP16 (profile), for prefill estimates
     hardware_id: str | None = None  # profile id or NVML name: keys measured speed profiles
+    endpoint: str | None = None  # the RPC worker ("HOST:PORT") holding this device, if remote
 
 
 @dataclass(frozen=True)
@@ -73,8 +77,67 @@ class Hardware:
         return len(self.devices) > 1
 
     def gpu_split(self) -> tuple[float, ...]:
-        """How llama.cpp shares layers between GPUs by default: in proportion to free memory."""
+        """How llama.cpp shares layers between GPUs by default: in proportion to free memory.
+        Remote devices (no ``free_bytes``) share by their budgets."""
         return tuple(float(gpu.free_bytes or gpu.budget_bytes) for gpu in self.gpus)
+
+    @property
+    def rpc_endpoints(self) -> tuple[str, ...]:
+        """The RPC workers the plan uses, in llama.cpp's device order."""
+        return tuple(dict.fromkeys(d.endpoint for d in self.gpus if d.endpoint))
+
+    def tensor_split(self) -> tuple[float, ...]:
+        """The split the loader passes to llama.cpp so that it allocates what was planned:
+        explicit whenever layers are shared by RPC workers (empty: llama.cpp's default)."""
+        return self.gpu_split() if self.rpc_endpoints else ()
+
+
+def with_workers(
+    hardware: Hardware,
+    endpoints: tuple[str, ...],
+    budget_bytes: int | None = None,
+    margin_bytes: int = DEFAULT_MARGIN_BYTES,
+) -> Hardware:
+    """``hardware`` with every device of each RPC worker, queried now (an unreachable or
+    incompatible worker is an error naming it); ``budget_bytes`` caps each remote device."""
+    if not endpoints:
+        return hardware
+    from dataclasses import replace
+
+    from homelab.llamacpp.rpc import probe
+
+    remote = []
+    for endpoint in endpoints:
+        for device in probe(endpoint).devices:
+            remote.append(remote_device(device, budget_bytes, margin_bytes))
+    devices = (hardware.cpu, *remote, *hardware.gpus)
+    workers = ", ".join(endpoints)
+    notes = (*hardware.notes, f"RPC workers {workers}: their devices come first in the split.")
+    return replace(hardware, devices=devices, notes=notes)
+
+
+def remote_device(device: object, budget_bytes: int | None, margin_bytes: int) -> Device:
+    """One device of an RPC worker as the planner sees it (a WorkerDevice from the doorway)."""
+    from homelab.llamacpp.rpc import WorkerDevice
+
+    assert isinstance(device, WorkerDevice)
+    free = device.free_bytes
+    if budget_bytes is None:
+        budget, note = max(free - margin_bytes, 0), f"minus {_gib(margin_bytes)} margin"
+    else:
+        budget, note = min(budget_bytes, free), "capped by --rpc-budget"
+    return Device(
+        name=device.buffer_name,
+        kind="gpu",  # llama.cpp offloads layers to an RPC device as to a GPU
+        label=f"worker {device.endpoint} · device {device.index} · {_gib(free)} free",
+        total_bytes=device.total_bytes,
+        budget_bytes=budget,
+        bandwidth_gb_s=DEFAULT_CPU_BANDWIDTH_GB_S,  # unknown backend: assume host memory
+        overhead_bytes=0,
+        budget_note=f"{_gib(free)} free on the worker {note}",
+        endpoint=device.endpoint,
+        hardware_id="rpc",
+    )
 
 
 def host_device(ram_bytes: int, note: str, total_bytes: int | None = None) -> Device:

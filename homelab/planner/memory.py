@@ -202,10 +202,17 @@ class MemoryModel:
                 has_output=placement[-1] == index,
                 has_input=index == 0,
             )
-            totals.append(compute_bytes(self.facts, settings, part, cuda=index > 0))
-        # op offload: big batches on CPU-resident weights run on the first GPU, which then
-        # holds a copy of the largest such tensor in its compute buffer
-        totals[1] += self.weights.largest_cpu_tensor_bytes(placement, n_cpu_moe)
+            device = hardware.devices[index]
+            local_gpu = index > 0 and device.endpoint is None
+            totals.append(compute_bytes(self.facts, settings, part, cuda=local_gpu))
+        # op offload: big batches on CPU-resident weights run on the first local GPU, which
+        # then holds a copy of the largest such tensor in its compute buffer (RPC devices
+        # do not take offloaded ops)
+        first_gpu = next(
+            (i for i, d in enumerate(hardware.devices) if i > 0 and d.endpoint is None), None
+        )
+        if first_gpu is not None:
+            totals[first_gpu] += self.weights.largest_cpu_tensor_bytes(placement, n_cpu_moe)
         return totals
 
     def _overhead(self, device: Device, settings: Settings) -> int:

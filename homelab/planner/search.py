@@ -165,6 +165,8 @@ class Search:
             n_ubatch=n_ubatch,
             swa_full=self.request.swa_full,
             kv_unified=self.request.kv_unified,
+            rpc_servers=self.hardware.rpc_endpoints,
+            tensor_split=self.hardware.tensor_split(),
         )
 
     @staticmethod

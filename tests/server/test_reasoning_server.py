@@ -11,6 +11,7 @@ splitting, the streaming, usage — is the server's own path.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -286,3 +287,15 @@ def test_messages_api_thinking_disabled_switches_the_template(
         forced.grammar = None
     assert forced.prompts[-1].rstrip().endswith("</think>")
     assert [(b.type, getattr(b, "text", None)) for b in message.content] == [("text", ANSWER)]
+
+
+def test_serve_flags_set_the_server_defaults() -> None:
+    from homelab.cli import serve
+
+    parser = argparse.ArgumentParser()
+    serve.configure(parser)
+    plain = serve._config(parser.parse_args(["demo:reasoning"]), Path("m.gguf"), None)
+    assert (plain.reasoning_format, plain.enable_thinking) == ("auto", None)
+    args = parser.parse_args(["demo:reasoning", "--reasoning-format", "none", "--no-think"])
+    chosen = serve._config(args, Path("m.gguf"), None)
+    assert (chosen.reasoning_format, chosen.enable_thinking) == ("none", False)
