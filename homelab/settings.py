@@ -36,5 +36,10 @@ class Settings:
     rpc_servers: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
 
+    def __post_init__(self) -> None:  # lists from JSON (the dry run, records) become tuples
+        object.__setattr__(self, "rpc_servers", tuple(self.rpc_servers))
+        object.__setattr__(self, "tensor_split", tuple(float(s) for s in self.tensor_split))
+
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """The settings as JSON shapes (sequences as lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}

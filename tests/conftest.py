@@ -1,7 +1,8 @@
 """Fixtures shared by every test package.
 
 - Every test session gets its own ``HOMELAB_HOME`` (config, data, caches) in a temp dir, so
-  tests never read or write the developer's real settings.
+  tests never read or write the developer's real settings, and an empty Hugging Face cache
+  (``HF_HOME``) so the developer's downloaded models never change what a test sees.
 - Generated demo models are the exception: they take seconds to build and never change for
   a given generator version, so they live in ``HOMELAB_DEMO_CACHE`` (default
   ``~/.cache/homelab-test-models``) and are reused across runs.
@@ -27,6 +28,11 @@ def homelab_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("homelab-home")
     patch = pytest.MonkeyPatch()
     patch.setenv("HOMELAB_HOME", str(home))
+    # the user's own models must not leak into tests: an empty Hugging Face cache, no extra
+    # library folders (tests that need either set them up themselves)
+    patch.setenv("HF_HOME", str(home / "hf"))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HOMELAB_MODEL_DIRS"):
+        patch.delenv(name, raising=False)
     patch.setenv(
         "HOMELAB_DEMO_CACHE", os.environ.get("HOMELAB_DEMO_CACHE") or str(DEFAULT_TEST_DEMO_CACHE)
     )

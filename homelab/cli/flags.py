@@ -17,6 +17,7 @@ from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.api import SamplingParams
+    from homelab.engine.speculation import SpeculationConfig
     from homelab.models.fetch import Confirm, DownloadOffer
     from homelab.models.launch import Overrides
     from homelab.models.ref import ModelRef
@@ -159,6 +160,26 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--n-ubatch", type=int, metavar="N", help="fix the micro-batch size")
     group.add_argument("--no-flash-attn", action="store_true", help="plan without flash attention")
+    group.add_argument(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="also split the model over these llama.cpp RPC workers (`homelab worker`)",
+    )
+    group.add_argument(
+        "--rpc-budget",
+        metavar="BYTES",
+        help="memory each RPC worker device may hold (default: its free memory minus --margin)",
+    )
+
+
+def rpc_endpoints(args: argparse.Namespace) -> tuple[str, ...]:
+    """``--rpc a:1,b:2`` as normalised endpoints (empty without the flag)."""
+    text = getattr(args, "rpc", None)
+    if not text:
+        return ()
+    from homelab.llamacpp.rpc import parse_endpoint
+
+    return tuple(dict.fromkeys(parse_endpoint(part) for part in text.split(",") if part.strip()))
 
 
 def plan_request(args: argparse.Namespace) -> PlanRequest:
@@ -181,15 +202,19 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
 def hardware(args: argparse.Namespace) -> Hardware:
     """The machine to plan for: this one, or the ``--gpu`` / ``--vram`` target where the verb
     has those flags; ``--ram``, ``--margin`` and ``--overhead`` adjust it."""
-    from homelab.planner.budget import resolve_hardware
+    from homelab.planner.budget import DEFAULT_MARGIN_BYTES, resolve_hardware, with_workers
 
-    return resolve_hardware(
+    margin = size(getattr(args, "margin", None))
+    local = resolve_hardware(
         gpu=getattr(args, "gpu", None),
         vram_bytes=size(getattr(args, "vram", None)),
         ram_bytes=size(getattr(args, "ram", None)),
-        margin_bytes=size(getattr(args, "margin", None)),
+        margin_bytes=margin,
         gpu_overhead_bytes=size(getattr(args, "overhead", None)),
     )
+    budget = size(getattr(args, "rpc_budget", None))
+    margin = DEFAULT_MARGIN_BYTES if margin is None else margin
+    return with_workers(local, rpc_endpoints(args), budget, margin)
 
 
 def parse_tokens(text: str | int) -> int:
@@ -244,8 +269,46 @@ def overrides(args: argparse.Namespace) -> Overrides:
     from homelab.models.launch import Overrides
 
     return Overrides(
-        n_threads=positive(args.threads, "--threads"), n_batch=positive(args.batch, "--batch")
+        n_threads=positive(args.threads, "--threads"),
+        n_batch=positive(args.batch, "--batch"),
+        speculation=speculation(args),
     )
+
+
+# --- speculative decoding --------------------------------------------------------------------
+
+
+def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
+    """``--spec ngram`` / ``--draft MODEL`` (see :mod:`homelab.engine.speculation`)."""
+    group = parser.add_argument_group("speculative decoding")
+    exclusive = group.add_mutually_exclusive_group()
+    exclusive.add_argument(
+        "--spec",
+        choices=("ngram",),
+        help="prompt lookup: draft the tokens that followed the last n-gram earlier in the text",
+    )
+    exclusive.add_argument(
+        "--draft",
+        metavar="MODEL",
+        help="draft with this smaller model of the same vocabulary (any MODEL form, on disk)",
+    )
+    group.add_argument(
+        "--draft-max", type=int, default=8, metavar="N", help="most tokens drafted per step (8)"
+    )
+
+
+def speculation(args: argparse.Namespace) -> SpeculationConfig | None:
+    """The flags as a SpeculationConfig; None without ``--spec`` or ``--draft``."""
+    spec, draft = getattr(args, "spec", None), getattr(args, "draft", None)
+    if not spec and not draft:
+        return None
+    from homelab.engine.speculation import SpeculationConfig
+
+    most = positive(getattr(args, "draft_max", None), "--draft-max") or 8
+    if draft:
+        path = model_ref(draft).local_path()
+        return SpeculationConfig("draft", draft_path=path, max_draft_tokens=most).checked()
+    return SpeculationConfig("ngram", max_draft_tokens=most).checked()
 
 
 def unplanned_settings(args: argparse.Namespace) -> Settings:
@@ -269,6 +332,7 @@ def unplanned_settings(args: argparse.Namespace) -> Settings:
         n_batch=args.batch or Settings.n_batch,
         n_ubatch=positive(args.n_ubatch, "--n-ubatch") or Settings.n_ubatch,
         n_threads=args.threads,
+        rpc_servers=rpc_endpoints(args),
     )
 
 

@@ -32,6 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_sampling_flags(parser)
     flags.add_plan_flags(parser)  # the same knobs as `homelab plan` and `homelab serve`
     flags.add_engine_flags(parser, no_plan=True)
+    flags.add_speculation_flags(parser)
     flags.add_download_flags(parser)
 
 
@@ -50,7 +51,10 @@ def open_for_run(args: argparse.Namespace) -> Engine:
     from homelab.models.launch import load_unplanned, open_engine
 
     if args.no_plan:
-        return load_unplanned(flags.local_model(args), flags.unplanned_settings(args))
+        settings = flags.unplanned_settings(args)
+        return load_unplanned(
+            flags.local_model(args), settings, speculation=flags.speculation(args)
+        )
     request, hardware = flags.plan_request(args), flags.hardware(args)
     ref = flags.local_model(args, request, hardware)
     engine, _ = open_engine(ref, request, hardware, flags.overrides(args))
@@ -123,10 +127,11 @@ def _stream(
 
 def format_stats(finish: FinishEvent) -> str:
     s = finish.stats
+    drafts = f" · drafts kept {s.accepted_draft_tokens}/{s.draft_tokens}" if s.draft_tokens else ""
     return (
         f"[{finish.reason}] prompt {s.prompt_tokens} tok (cached {s.cached_tokens}) "
         f"{s.prefill_tok_s:.1f} tok/s · decode {s.completion_tokens} tok "
-        f"{s.decode_tok_s:.1f} tok/s · TTFT {s.ttft_s * 1000:.0f} ms"
+        f"{s.decode_tok_s:.1f} tok/s · TTFT {s.ttft_s * 1000:.0f} ms{drafts}"
     )
 
 

@@ -3,6 +3,8 @@
 Without MODEL it serves the local library (``homelab models``), or the models ``--models``
 names: a request's ``model`` picks one, loaded on its first request; the planner decides which
 stay loaded together (see :mod:`homelab.server.fleet`); ``--keep-alive`` unloads idle ones.
+Each model is planned with ``--goal quality`` (for ``--ctx``, default 8192) unless ``--goal``
+is given: the longest context that fits would leave no room for a second model.
 
 Listens on 127.0.0.1:8080 by default. Binding any other address needs API keys: when the
 keys file (``config_dir()/keys.toml`` or ``--api-key-file``) does not exist yet, one key is
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
     from homelab.server.runner import EngineHolder
 
 DEFAULT_PORT = 8080
+# Several models: plan each for --ctx (default 8192, within its trained context) at the best
+# quality that reaches it, rather than for the longest context that fits (goal "context"),
+# which would give the first model every byte and never let two share the machine.
+FLEET_GOAL = "quality"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +89,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--models",
         metavar="NAME,NAME…",
-        help="without MODEL: serve these models (default: every model `homelab models` lists)",
+        help="without MODEL: serve these models (default: every model `homelab models` lists); "
+        f"each is planned with --goal {FLEET_GOAL} unless --goal says otherwise",
     )
     parser.add_argument(
         "--keep-alive",
@@ -93,7 +100,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     flags.add_plan_flags(parser)
     flags.add_engine_flags(parser)
+    flags.add_speculation_flags(parser)
     flags.add_download_flags(parser)
+    parser.set_defaults(goal=None)  # resolved in run(): one model or several (FLEET_GOAL)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,8 +116,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.model and args.models:
         raise ConfigError("give a MODEL or --models, not both.")
+    if not args.model and (args.spec or args.draft):
+        raise ConfigError("--spec and --draft need a MODEL: a draft drafts for one target.")
     if not args.model:
         return _serve_fleet(args, keys_path)
+    if args.goal is None:
+        args.goal = "context"
     return _serve(args, keys_path)
 
 
@@ -176,6 +189,8 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     from homelab.server.fleet import Fleet, parse_keep_alive
 
     keep_alive_s = parse_keep_alive(args.keep_alive)
+    if args.goal is None:  # each model planned for its context, leaving room for the others
+        args.goal = FLEET_GOAL
     request, hardware = flags.plan_request(args), flags.hardware(args)
     embeddings, overrides = getattr(args, "embeddings", None), flags.overrides(args)
 

@@ -65,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     cache = Path(args.cache).expanduser() if args.cache else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
-    failed = threading.Event()
+    _check_port_free(args.host, args.port, endpoint)
+    failed, stop = threading.Event(), threading.Event()
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):  # before anyone knows we are up
+        signal.signal(stop_signal, lambda *_: stop.set())
 
     def server() -> None:
         serve(endpoint, devices, cache, threads)
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             hint="Is the port already in use? Choose another with --port.",
         )
     _announce(endpoint, devices, threads, cache, as_json=args.json)
-    return _wait_for_stop(failed)
+    return _wait_for_stop(failed, stop)
 
 
 def _endpoint(host: str, port: int, *, allow_network: bool) -> str:
@@ -96,6 +99,20 @@ def _endpoint(host: str, port: int, *, allow_network: bool) -> str:
             )
         print(f"homelab: {NETWORK_WARNING.format(endpoint=endpoint)}", file=sys.stderr, flush=True)
     return endpoint
+
+
+def _check_port_free(host: str, port: int, endpoint: str) -> None:
+    """Bind the address once ourselves: llama.cpp's server only prints a failure to bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as trial:
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            trial.bind((host.strip("[]"), port))
+        except OSError as error:
+            raise ConfigError(
+                f"The RPC worker could not listen on {endpoint}: {error.strerror or error}.",
+                hint="Is the port already in use? Choose another with --port.",
+            ) from error
 
 
 def is_loopback(host: str) -> bool:
@@ -157,14 +174,9 @@ def _announce(
     print(f"Use it with: homelab serve MODEL --rpc {endpoint}   (Ctrl-C stops)", flush=True)
 
 
-def _wait_for_stop(failed: threading.Event) -> int:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.is_set() and not failed.is_set():
-            stop.wait(0.2)
-    except KeyboardInterrupt:
-        pass
+def _wait_for_stop(failed: threading.Event, stop: threading.Event) -> int:
+    while not stop.is_set() and not failed.is_set():
+        stop.wait(0.2)
     print("homelab worker stopped" if not failed.is_set() else "homelab worker failed", flush=True)
     sys.stderr.flush()
     # llama.cpp's server loop never returns: leave without unwinding the thread inside it

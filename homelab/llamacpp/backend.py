@@ -71,8 +71,14 @@ def _has_rpc() -> bool:
 
 
 def supports_gpu_offload() -> bool:
-    """Whether this build has a GPU backend (a CPU-only wheel says False)."""
-    return bool(lib().llama_supports_gpu_offload())
+    """Whether this build has a local GPU backend (a CPU-only wheel says False).
+
+    llama.cpp's own ``llama_supports_gpu_offload`` also says True for a CPU build with the RPC
+    backend (remote devices count as GPUs), so the answer comes from the device registry.
+    """
+    if not lib().llama_supports_gpu_offload():
+        return False
+    return any(d.kind in ("gpu", "igpu") and not d.name.startswith("RPC") for d in devices())
 
 
 def devices() -> tuple[Device, ...]:

@@ -20,6 +20,7 @@ from homelab.models.ref import ModelRef
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine
+    from homelab.engine.speculation import SpeculationConfig
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
     from homelab.planner.search import PlanRequest
@@ -32,6 +33,7 @@ class Overrides:
 
     n_threads: int | None = None
     n_batch: int | None = None
+    speculation: SpeculationConfig | None = None  # --spec ngram / --draft MODEL
 
     def apply(self, settings: Settings) -> Settings:
         if self.n_threads:
@@ -68,6 +70,8 @@ def load_plan(
     from homelab.engine.engine import Engine
 
     settings = (overrides or Overrides()).apply(plan.settings)
+    if overrides is not None and overrides.speculation is not None:
+        engine_options.setdefault("speculation", overrides.speculation)
     path = planned_file(ref, plan)
     return Engine.load(path, settings, predicted=plan.memory.to_dict(), **engine_options)
 

@@ -82,6 +82,10 @@ class Hardware:
         return tuple(float(gpu.free_bytes or gpu.budget_bytes) for gpu in self.gpus)
 
     @property
+    def has_remote(self) -> bool:
+        return any(d.endpoint for d in self.gpus)
+
+    @property
     def rpc_endpoints(self) -> tuple[str, ...]:
         """The RPC workers the plan uses, in llama.cpp's device order."""
         return tuple(dict.fromkeys(d.endpoint for d in self.gpus if d.endpoint))

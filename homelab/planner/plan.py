@@ -163,6 +163,7 @@ def _device_dict(device: Any) -> dict[str, object]:
         "budget_note": device.budget_note,
         "bandwidth_gb_s": device.bandwidth_gb_s,
         "overhead_bytes": device.overhead_bytes,
+        "endpoint": device.endpoint,
     }
 
 
@@ -296,13 +297,20 @@ def verify_choice(choice: Choice, hardware: Hardware) -> Verification:
     )
 
 
+def _unverifiable_gpus(hardware: Hardware, result: DryRunResult) -> bool:
+    """Whether the plan has local GPUs this (CPU-only) build could not size. RPC devices are
+    sized by the dry run like local ones: the workers answer it."""
+    local_gpus = [d for d in hardware.gpus if d.endpoint is None]
+    return bool(local_gpus) and not result.gpu_offload
+
+
 def _formula_only(choice: Choice, why: str) -> Verification:
     return Verification("formula", f"memory model only ({why})")
 
 
 def _dry_run_detail(result: DryRunResult, hardware: Hardware) -> str:
     where = "this machine's llama.cpp build"
-    if hardware.has_gpu and not result.gpu_offload:
+    if _unverifiable_gpus(hardware, result):
         return f"{where} is CPU-only: KV and recurrent totals confirmed, GPU compute buffers not"
     return f"{where} sized every buffer in {result.seconds * 1000:.0f} ms"
 
@@ -322,7 +330,7 @@ def compare(choice: Choice, result: DryRunResult, hardware: Hardware) -> tuple[C
                 LOG_RESOLUTION_MIB,
             )
         )
-    if hardware.has_gpu and not result.gpu_offload:
+    if _unverifiable_gpus(hardware, result):
         return tuple(comparisons)
     for device, mib in result.compute_mib.items():
         name = "CPU" if device in ("CPU", "CUDA_Host") else device
@@ -339,7 +347,7 @@ def _comparison(what: str, predicted: int, engine_mib: float, tolerance_mib: flo
 
 def _with_engine_compute(choice: Choice, hardware: Hardware, result: DryRunResult) -> Choice:
     """The choice with llama.cpp's compute buffers where they exceed the formula's."""
-    if hardware.has_gpu and not result.gpu_offload:
+    if _unverifiable_gpus(hardware, result):
         return choice
     correction = {}
     for device, mib in result.compute_mib.items():

@@ -47,14 +47,26 @@ def _chosen(plan: Plan) -> str:
         ("offload", offload),
         ("batch", f"n_ubatch {s.n_ubatch}, n_batch {s.n_batch}, swa_full {swa_full}"),
     ]  # fmt: skip
+    if s.tensor_split:
+        rows.append(("split", _split_text(plan)))
     return "Chosen\n" + "\n".join(f"  {name:<9} {value}" for name, value in rows)
+
+
+def _split_text(plan: Plan) -> str:
+    total = sum(plan.settings.tensor_split) or 1.0
+    shares = [
+        f"{device.name} {100 * share / total:.0f}%"
+        for device, share in zip(plan.hardware.gpus, plan.settings.tensor_split, strict=False)
+    ]
+    return "tensor split " + ", ".join(shares) + " (passed to llama.cpp as planned)"
 
 
 def _offload_text(plan: Plan) -> str:
     s, full = plan.settings, plan.full_offload_layers
     if not plan.hardware.has_gpu:
         return "everything on the CPU"
-    text = f"{min(s.n_gpu_layers, full)}/{full} layers on the GPU"
+    where = "the GPU" if not plan.hardware.has_remote else "the offload devices (see split)"
+    text = f"{min(s.n_gpu_layers, full)}/{full} layers on {where}"
     if s.n_cpu_moe:
         text += f", experts of {s.n_cpu_moe} blocks on the CPU"
     return text
@@ -68,6 +80,10 @@ def _memory(plan: Plan) -> str:
     lines = ["Memory   (█ weights ▓ KV ▒ compute/recurrent ░ overhead · free)", header]
     for device in reversed(plan.memory.devices):  # GPUs first
         lines.append(_device_line(device))
+    remote = [d for d in plan.hardware.gpus if d.endpoint]
+    if remote:
+        lines.append("  RPC workers (unauthenticated: loopback or a private link only)")
+        lines.extend(f"    {d.name}: {d.label} · {d.budget_note}" for d in remote)
     return "\n".join(lines)
 
 

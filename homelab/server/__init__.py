@@ -11,7 +11,9 @@ responses*.py  /v1/responses: wire types -> the chat path; response items; respo
 embeddings.py  /v1/embeddings; embeddings_setup.py: what serve loads for them (and plans)
 streaming.py   server-sent events, cancelled when the client leaves
 metrics.py     Prometheus text exposition
-app.py         create_app(engine_provider, config)
+fleet.py       several models behind one endpoint: load on demand, planner-decided residency,
+               LRU eviction of idle models, keep-alive, leases held for a response's duration
+app.py         create_app(engine_provider, config[, fleet])
 runner.py      start_server(...) -> ServerHandle (a background thread), uvicorn setup
 (the ``serve`` verb is :mod:`homelab.cli.serve`)
 """

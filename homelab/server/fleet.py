@@ -250,15 +250,16 @@ class Fleet:
             )
         others = [s for s in self.residents() if s is not slot]
         busy = [s for s in others if s.busy]
+        plans: dict[tuple[int, ...], Plan] = {}  # by budgets: evicting every idle one re-plans none
         try:  # would it fit with every idle model unloaded? If not, unload nothing
-            plan = await self._plan(slot, busy)
+            plan = await self._plan(slot, busy, plans)
         except PlanError as exc:
             raise self._no_room(slot, busy, exc) from None
         idle = sorted((s for s in others if not s.busy), key=lambda s: s.last_used)
         while idle:  # the least recently used idle model goes first, until the plan fits
             staying = [s for s in self.residents() if s is not slot]
             try:
-                plan = await self._plan(slot, staying)
+                plan = await self._plan(slot, staying, plans)
                 break
             except PlanError as exc:
                 victims = [s for s in idle if s.status == "loaded" and not s.busy]
@@ -297,11 +298,17 @@ class Fleet:
             "model loaded: %s in %.2f s (planned %d bytes)", name, slot.load_s, planned_bytes(slot)
         )
 
-    async def _plan(self, slot: ModelSlot, staying: Sequence[ModelSlot]) -> Plan:
+    async def _plan(
+        self, slot: ModelSlot, staying: Sequence[ModelSlot], plans: dict[tuple[int, ...], Plan]
+    ) -> Plan:
         """The plan for the budgets ``staying`` leave (PlanError: it does not fit them)."""
         hardware = self.hardware_left(staying)
+        budgets = tuple(d.budget_bytes for d in hardware.devices)
+        if budgets in plans:
+            return plans[budgets]
         try:
-            return await anyio.to_thread.run_sync(self.plan_fn, slot.servable, hardware)
+            plans[budgets] = await anyio.to_thread.run_sync(self.plan_fn, slot.servable, hardware)
+            return plans[budgets]
         except PlanError:
             raise
         except (HomelabError, OSError, ValueError) as exc:  # a bad file: nothing to plan

@@ -8,6 +8,7 @@ generated draft ``demo:spec-draft`` (``draft``), or the target itself used as it
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -645,3 +646,28 @@ def test_a_trimmed_sliding_window_cache_refuses_speculation(
 def test_impossible_configurations_are_refused(changes: dict[str, Any], problem: str) -> None:
     with pytest.raises(SpeculationError, match=problem):
         SpeculationConfig(**changes).checked()
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", [["--spec", "ngram"], ["--draft", "demo:spec-draft:tiny"]])
+def test_run_speculates_with_the_flags(capsys: pytest.CaptureFixture[str], flag: list[str]) -> None:
+    from homelab.cli import main
+
+    common = ["run", "demo:spec:tiny", "--prompt", "red tree", "--max-tokens", "32"]
+    common += ["--temperature", "0", "--ignore-eos", "--threads", "1", "--ctx", "256"]
+    assert main([*common, *flag, "--draft-max", "4"]) == 0
+    _, err = capsys.readouterr()
+    assert "drafts kept" in err  # the stats line says what speculation did
+    assert main([*common, *flag, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["stats"]["draft_tokens"] > 0
+
+
+def test_run_refuses_a_draft_with_another_vocabulary(capsys: pytest.CaptureFixture[str]) -> None:
+    from homelab.cli import main
+
+    code = main(["run", "demo:spec:tiny", "--prompt", "hi", "--draft", "demo:bert", "--ctx", "256"])
+    assert code != 0
+    assert "cannot draft for this target" in capsys.readouterr().err

@@ -391,3 +391,46 @@ def test_homelab_serve_without_model_and_homelab_ps(
     finally:
         process.terminate()
         process.wait(30)
+
+
+def test_every_dialect_serves_the_model_it_names(start: Callable[..., ServerHandle]) -> None:
+    a, b = name_of("llama"), name_of("qwen3")
+    with httpx.Client(base_url=start().url, timeout=120) as http:
+        text = http.post("/v1/completions", json={"model": a, "prompt": "The sea", "max_tokens": 4})
+        assert text.status_code == 200 and text.json()["model"] == a
+        body = {"model": b, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+        message = http.post("/v1/messages", json=body)
+        assert message.status_code == 200, message.text
+        assert message.json()["model"] == b
+        assert loaded(http) == {a, b}
+        missing = http.post("/v1/messages", json={**body, "model": "nope"})
+        assert missing.status_code == 404 and missing.json()["type"] == "error"  # Anthropic's
+
+
+def test_requests_waiting_for_loads_are_bounded(start: Callable[..., ServerHandle]) -> None:
+    a = name_of("gemma3")
+    handle = start()
+    fleet = handle.app.state.homelab.fleet
+    fleet.max_waiting = 2
+    gate, real_load = threading.Event(), fleet.load_fn
+    fleet.load_fn = lambda model, plan: gate.wait(60) and real_load(model, plan)
+    answers: list[httpx.Response] = []
+
+    def ask() -> None:
+        with httpx.Client(base_url=handle.url, timeout=120) as http:
+            answers.append(chat(http, a))
+
+    waiting = [threading.Thread(target=ask) for _ in range(2)]
+    for thread in waiting:
+        thread.start()
+    with httpx.Client(base_url=handle.url, timeout=120) as http:
+        wait_for(lambda: fleet.slots[a].waiting == 2)
+        assert ps(http)[a]["status"] == "loading"
+        refused = chat(http, a)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "load_queue_full"
+        assert "retry-after" in refused.headers
+        gate.set()
+        for thread in waiting:
+            thread.join(120)
+        assert [r.status_code for r in answers] == [200, 200]
+        assert ps(http)[a]["loads"] == 1

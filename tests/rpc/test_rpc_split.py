@@ -1,0 +1,147 @@
+"""A model split over two real ``homelab worker`` processes on loopback, as planned.
+
+The plan lists the host and one device per worker, each with its bytes; the loader passes the
+planner's tensor split, so llama.cpp's buffers on each worker are the planned weights and KV
+cache (to the 0.01 MiB its log prints); greedy text is the text of a local load; the OpenAI
+SDK works against ``homelab serve --rpc``; a worker killed mid-generation ends the request
+with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from rpc_workers import Worker, free_port
+
+from homelab.units import GIB, MIB
+
+CHILD = Path(__file__).with_name("rpc_child.py")
+PROMPT = "The quick brown fox"
+LOG_RESOLUTION_BYTES = MIB // 100  # llama.cpp logs MiB with two decimals
+WORKER_BUDGET = str(1 * GIB)
+
+
+def run_child(model: Path, endpoints: tuple[str, ...] = ()) -> dict[str, Any]:
+    command = [sys.executable, str(CHILD), str(model), PROMPT]
+    if endpoints:
+        command += [",".join(endpoints), WORKER_BUDGET]
+    finished = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, check=False, env=os.environ.copy()
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return dict(json.loads(finished.stdout.strip().splitlines()[-1]))
+
+
+def test_split_over_two_workers_is_the_plan_and_the_local_text(
+    start_worker: Callable[[], Worker], demo_model: Callable[..., Path]
+) -> None:
+    model = demo_model("llama", "bench")
+    first, second = start_worker(), start_worker()
+    split = run_child(model, (first.endpoint, second.endpoint))
+    local = run_child(model)
+
+    planned = {d["name"]: d for d in split["planned"]}
+    names = [f"RPC0[{first.endpoint}]", f"RPC0[{second.endpoint}]"]
+    assert list(planned) == ["CPU", *names]
+    assert split["settings"]["rpc_servers"] == [first.endpoint, second.endpoint]
+    assert len(split["settings"]["tensor_split"]) == 2
+    for name in names:
+        device = planned[name]
+        assert device["weights_bytes"] > 0 and device["kv_bytes"] > 0  # each holds a part
+        assert device["budget_bytes"] == 1 * GIB  # --rpc-budget, honoured
+        assert abs(split["buffers"]["model"][name] - device["weights_bytes"]) <= (
+            LOG_RESOLUTION_BYTES
+        )
+        assert abs(split["buffers"]["kv"][name] - device["kv_bytes"]) <= LOG_RESOLUTION_BYTES
+    assert planned["CPU"]["kv_bytes"] == 0  # every layer's cache lives with its layer
+    assert split["text"] and split["text"] == local["text"]
+
+
+def test_openai_sdk_against_serve_with_rpc_and_a_worker_killed_mid_generation(
+    start_worker: Callable[[], Worker], demo_model: Callable[..., Path]
+) -> None:
+    first, second = start_worker(), start_worker()
+    port = free_port()
+    command = [sys.executable, "-m", "homelab.cli", "serve", str(demo_model("llama", "bench"))]
+    command += ["--json", "--port", str(port), "--model-id", "demo", "--ctx", "512"]
+    command += ["--rpc", f"{first.endpoint},{second.endpoint}", "--rpc-budget", WORKER_BUDGET]
+    server = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        assert server.stdout is not None
+        started = json.loads(server.stdout.readline())
+        deadline = time.monotonic() + 120
+        while _health(port) != 200:
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.1)
+        with openai.OpenAI(base_url=started["base_url"], api_key="unused", max_retries=0) as sdk:
+            reply = sdk.chat.completions.create(
+                model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+            assert reply.usage is not None and reply.usage.completion_tokens >= 1
+            stream = sdk.chat.completions.create(
+                model="demo",
+                messages=[{"role": "user", "content": "go on"}],
+                max_tokens=400,
+                stream=True,
+            )
+            killed_at = time.monotonic()
+            with pytest.raises((openai.APIError, httpx.HTTPError)):
+                for index, _chunk in enumerate(stream):
+                    if index == 3:
+                        second.process.kill()
+                        killed_at = time.monotonic()
+            assert time.monotonic() - killed_at < 30  # failed, did not hang
+        assert _health(port) != 200  # unhealthy (llama.cpp ended the process) — not hanging
+        _, stderr = server.communicate(timeout=30)
+        assert server.returncode != 0
+        assert "Remote RPC server crashed" in stderr or "Failed to connect" in stderr, stderr
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate(timeout=30)
+
+
+def _health(port: int) -> int | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+def test_plan_shows_each_worker_and_the_split(
+    start_worker: Callable[[], Worker], demo_model: Callable[..., Path]
+) -> None:
+    first, second = start_worker(), start_worker()
+    command = [sys.executable, "-m", "homelab.cli", "plan", str(demo_model("llama", "bench"))]
+    command += ["--rpc", f"{first.endpoint},{second.endpoint}", "--rpc-budget", WORKER_BUDGET]
+    finished = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=False, env=os.environ.copy()
+    )
+    assert finished.returncode == 0, finished.stderr
+    out = finished.stdout
+    for worker in (first, second):
+        assert f"RPC0[{worker.endpoint}]: worker {worker.endpoint} · device 0 · " in out
+    assert "tensor split RPC0" in out and "(passed to llama.cpp as planned)" in out
+    assert "RPC workers (unauthenticated" in out
+
+
+def test_plan_with_an_unreachable_worker_names_it_before_loading() -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    command = [sys.executable, "-m", "homelab.cli", "plan", "demo:llama", "--rpc", endpoint]
+    finished = subprocess.run(
+        command, capture_output=True, text=True, timeout=120, check=False, env=os.environ.copy()
+    )
+    assert finished.returncode == 1
+    assert f"RPC worker {endpoint} is unreachable" in finished.stderr
