@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TextIO
 
 from homelab.errors import ConfigError
 from homelab.units import format_size
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         serve(endpoint, devices, cache, threads)
         failed.set()  # serve returns only when it could not start (or its socket died)
 
+    _c_output_to_stderr()
     threading.Thread(target=server, name="rpc-worker", daemon=True).start()
     if not _wait_listening(args.host, args.port, failed):
         raise ConfigError(
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             hint="Is the port already in use? Choose another with --port.",
         )
     _announce(endpoint, devices, threads, cache, as_json=args.json)
-    return _wait_for_stop(failed, stop)
+    return _wait_for_stop(failed, stop, sys.stderr if args.json else sys.stdout)
 
 
 def _endpoint(host: str, port: int, *, allow_network: bool) -> str:
@@ -113,6 +115,15 @@ def _check_port_free(host: str, port: int, endpoint: str) -> None:
                 f"The RPC worker could not listen on {endpoint}: {error.strerror or error}.",
                 hint="Is the port already in use? Choose another with --port.",
             ) from error
+
+
+def _c_output_to_stderr() -> None:
+    """llama.cpp's server prints its banner and every connection with C ``printf``: send that
+    to stderr, so stdout carries only homelab's own lines (one JSON document with --json)."""
+    sys.stdout.flush()
+    own_stdout = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = open(own_stdout, "w", buffering=1, encoding="utf-8", closefd=True)  # noqa: SIM115
 
 
 def is_loopback(host: str) -> bool:
@@ -174,10 +185,11 @@ def _announce(
     print(f"Use it with: homelab serve MODEL --rpc {endpoint}   (Ctrl-C stops)", flush=True)
 
 
-def _wait_for_stop(failed: threading.Event, stop: threading.Event) -> int:
+def _wait_for_stop(failed: threading.Event, stop: threading.Event, out: TextIO) -> int:
     while not stop.is_set() and not failed.is_set():
         stop.wait(0.2)
-    print("homelab worker stopped" if not failed.is_set() else "homelab worker failed", flush=True)
+    print("homelab worker stopped" if not failed.is_set() else "homelab worker failed", file=out)
+    sys.stdout.flush()
     sys.stderr.flush()
     # llama.cpp's server loop never returns: leave without unwinding the thread inside it
     os._exit(1 if failed.is_set() else 0)

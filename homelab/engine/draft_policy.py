@@ -5,24 +5,28 @@
 model: the i-th token of a draft is emitted with probability ``α^i``). A sequence's estimate
 is blended with the engine's, and drifts back to it while the sequence does not draft.
 
-**Cost.** :class:`StepCost` holds a decode's seconds by its rows: one row on its own (llama.cpp
-runs a single row as a matrix-vector product; on a CPU a two-row batch of Q8_0 weights
-measured 2.3x the time of one row here, while F16 cost +30 %), and a linear fit over
-batches of two rows or more. Until a batch has been seen the fit is optimistic (each extra
-row costs :data:`PRIOR_ROW_SHARE` of a one-row step), so the first steps speculate and
-measure.
+**Cost.** :class:`StepCost` holds a decode's seconds by its rows: for each row count the
+lower quartile of its last few measurements (other work on the machine and the first
+decodes of a context only ever add time, in spikes a mean would keep for long),
+interpolated between the row counts seen. One row is not on the line through the others:
+llama.cpp runs it as a
+matrix-vector product, and on a CPU a two-row batch of Q8_0 weights measured 2.3x the time of
+one row here, while F16 cost +30 %. Until a batch has been seen, each extra row is assumed to
+cost :data:`PRIOR_ROW_SHARE` of a one-row step, so the first steps speculate and measure.
 
 **Plan.** :meth:`DraftPolicy.plan` takes drafted tokens in order of their gain ``α_j^i``
 across all sequences; with the best ``n`` of them a step yields ``B + Σ gains`` tokens in
 ``T(B + n) + D`` seconds (``B`` sequences, ``D`` the draft model's steps), and the ``n`` with
-the best rate wins — ``0``, plain decoding, when speculation loses. Every
-:data:`PROBE_INTERVAL` plain steps one plan assumes a high acceptance, so a draft that became
-good again is noticed.
+the best rate wins — ``0``, plain decoding, when speculation loses. After
+:data:`PROBE_INTERVAL` plain steps one plan is optimistic (high acceptance, cheap rows), so
+a draft or a batch cost that became better is measured again.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
+from collections import deque
 from dataclasses import dataclass
 
 PRIOR_ACCEPTANCE = 0.6  # before anything is measured
@@ -35,6 +39,7 @@ PRIOR_ROW_SHARE = 0.1  # an extra batch row's cost relative to a one-row step, u
 PRIOR_DRAFT_SHARE = 0.3  # a draft step's cost relative to a target step, until measured
 PROBE_INTERVAL = 64  # plain steps between optimistic plans
 PROBE_ACCEPTANCE = 0.9
+RECENT = 7  # measurements kept per row count
 
 
 @dataclass
@@ -56,77 +61,49 @@ class Acceptance:
         return (self.kept + weight * prior) / (self.kept + self.rejected + weight)
 
 
-class LinearCost:
-    """Seconds as ``a + b·rows``, fitted with exponential forgetting.
-
-    When the row counts seen barely vary the slope cannot be told from the intercept; it is
-    then taken as ``prior_per_row`` of a one-row step.
-    """
-
-    def __init__(self, prior_per_row: float, decay: float = 0.97) -> None:
-        self.prior_per_row = prior_per_row
-        self.decay = decay
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
-
-    def observe(self, rows: int, seconds: float) -> None:
-        d = self.decay
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + rows
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + rows * rows
-        self._xy = self._xy * d + rows * seconds
-
-    @property
-    def measured(self) -> bool:
-        return self._w > 0
-
-    def fit(self) -> tuple[float, float]:
-        """(seconds per step, seconds per row); call only when :attr:`measured`."""
-        w = self._w
-        mean_rows, mean_s = self._x / w, self._y / w
-        variance = self._xx / w - mean_rows * mean_rows
-        if variance > 0.25:
-            slope = (self._xy / w - mean_rows * mean_s) / variance
-            slope = min(max(slope, 0.0), mean_s / mean_rows)
-        else:
-            beta = self.prior_per_row
-            slope = beta * mean_s / (1.0 + beta * mean_rows)
-        return max(mean_s - slope * mean_rows, 0.0), slope
-
-    def seconds(self, rows: int) -> float:
-        base, per_row = self.fit()
-        return base + per_row * rows
-
-
 class StepCost:
-    """A decode's seconds by its row count: one row apart, batches on a line."""
+    """A decode's seconds by its row count, from the lower quartile of recent measurements."""
 
-    def __init__(self, decay: float = 0.9) -> None:
-        self.decay = decay
-        self._one_w = self._one_s = 0.0
-        self.batch = LinearCost(PRIOR_ROW_SHARE)
+    def __init__(self) -> None:
+        self._recent: dict[int, deque[float]] = {}
+        self._typical: dict[int, float] = {}
+        self._rows: list[int] = []  # row counts >= 2 measured, sorted
 
     def observe(self, rows: int, seconds: float) -> None:
-        if rows <= 1:
-            self._one_w = self._one_w * self.decay + 1.0
-            self._one_s = self._one_s * self.decay + seconds
-        else:
-            self.batch.observe(rows, seconds)
+        rows = max(rows, 1)
+        recent = self._recent.setdefault(rows, deque(maxlen=RECENT))
+        recent.append(seconds)
+        self._typical[rows] = sorted(recent)[len(recent) // 4]
+        if rows > 1 and rows not in self._rows:
+            self._rows.insert(bisect_left(self._rows, rows), rows)
 
     @property
     def measured(self) -> bool:
-        return self._one_w > 0 or self.batch.measured
+        return bool(self._typical)
 
-    def seconds(self, rows: int) -> float:
-        """Measured, or extrapolated; 1.0 stands for a one-row step before anything is."""
-        one = self._one_s / self._one_w if self._one_w else None
-        if rows <= 1:
-            return (
-                one if one is not None else (self.batch.seconds(1) if self.batch.measured else 1.0)
-            )
-        if self.batch.measured:
-            return self.batch.seconds(rows)
-        return (one if one is not None else 1.0) * (1.0 + PRIOR_ROW_SHARE * (rows - 1))
+    def seconds(self, rows: int, *, optimistic: bool = False) -> float:
+        """Measured or interpolated; ``optimistic`` ignores what batches measured. 1.0 stands
+        for a one-row step while nothing is measured."""
+        one = self._typical.get(1)
+        if rows <= 1 and one is not None:
+            return one
+        if optimistic or not self._rows:
+            base = one if one is not None else self._from_batches(1)
+            return base * (1.0 + PRIOR_ROW_SHARE * (rows - 1))
+        return max(self._from_batches(rows), one or 1e-9)  # a batch is never cheaper than a row
+
+    def _from_batches(self, rows: int) -> float:
+        known = self._rows
+        if not known:
+            return 1.0
+        if len(known) == 1:  # one batch size seen: rows scale it by the prior share
+            at = known[0]
+            per_row = PRIOR_ROW_SHARE * self._typical[at] / (1.0 + PRIOR_ROW_SHARE * (at - 1))
+            return max(self._typical[at] + per_row * (rows - at), per_row)
+        index = min(max(bisect_left(known, rows), 1), len(known) - 1)
+        low, high = known[index - 1], known[index]  # interpolate, or extend the end segments
+        slope = max((self._typical[high] - self._typical[low]) / (high - low), 0.0)
+        return max(self._typical[low] + slope * (rows - low), 0.0)
 
 
 class DraftPolicy:
@@ -152,13 +129,16 @@ class DraftPolicy:
         if not self.adaptive:
             return _within(limits, room)
         alphas = [self.acceptance(acceptance) for acceptance, _ in sequences]
-        if self._plain_steps >= PROBE_INTERVAL:
+        probe = self._plain_steps >= PROBE_INTERVAL
+        if probe:
             alphas = [max(alpha, PROBE_ACCEPTANCE) for alpha in alphas]
-        lengths = self._best_lengths(alphas, limits, room)
+        lengths = self._best_lengths(alphas, limits, room, optimistic=probe)
         self._plain_steps = 0 if any(lengths) else self._plain_steps + 1
         return lengths
 
-    def _best_lengths(self, alphas: list[float], limits: list[int], room: int) -> list[int]:
+    def _best_lengths(
+        self, alphas: list[float], limits: list[int], room: int, *, optimistic: bool = False
+    ) -> list[int]:
         n_sequences = len(alphas)
         tokens = float(n_sequences)
         best_rate, best_n = tokens / self.target.seconds(n_sequences), 0
@@ -174,8 +154,9 @@ class DraftPolicy:
             lengths[j] += 1
             order.append(j)
             if self.uses_draft_model:
-                draft_s += self._extra_draft_seconds(depth_rows, lengths[j] - 1)
-            rate = tokens / (self.target.seconds(n_sequences + len(order)) + draft_s)
+                draft_s += self._extra_draft_seconds(depth_rows, lengths[j] - 1, optimistic)
+            step_s = self.target.seconds(n_sequences + len(order), optimistic=optimistic)
+            rate = tokens / (step_s + draft_s)
             if rate > best_rate:
                 best_rate, best_n = rate, len(order)
             if lengths[j] < limits[j]:
@@ -185,18 +166,19 @@ class DraftPolicy:
             chosen[j] += 1
         return chosen
 
-    def _extra_draft_seconds(self, depth_rows: list[int], depth: int) -> float:
+    def _extra_draft_seconds(self, depth_rows: list[int], depth: int, optimistic: bool) -> float:
         """What one more sequence at draft depth ``depth`` adds to the draft model's time."""
         if len(depth_rows) <= depth:
             depth_rows.append(0)
-        before = self._draft_seconds(depth_rows[depth]) if depth_rows[depth] else 0.0
+        rows = depth_rows[depth]
+        before = self._draft_seconds(rows, optimistic) if rows else 0.0
         depth_rows[depth] += 1
-        return self._draft_seconds(depth_rows[depth]) - before
+        return self._draft_seconds(rows + 1, optimistic) - before
 
-    def _draft_seconds(self, rows: int) -> float:
+    def _draft_seconds(self, rows: int, optimistic: bool) -> float:
         if self.draft.measured:
-            return self.draft.seconds(rows)
-        return PRIOR_DRAFT_SHARE * self.target.seconds(rows)
+            return self.draft.seconds(rows, optimistic=optimistic)
+        return PRIOR_DRAFT_SHARE * self.target.seconds(rows, optimistic=True)
 
     def settle(self, sequence: Acceptance, drafted: int, accepted: int) -> None:
         sequence.observe(drafted, accepted, SEQUENCE_DECAY)

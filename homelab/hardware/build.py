@@ -13,8 +13,8 @@ from homelab.llamacpp.backend import EXPECTED_VERSION, LlamaCppUnavailable, buil
 
 LLAMA_CPP_PYTHON_VERSION = EXPECTED_VERSION
 CUDA_REBUILD_COMMAND = (
-    'CMAKE_ARGS="-DGGML_CUDA=on" .venv/bin/pip install --force-reinstall --no-cache-dir '
-    f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
+    'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=on" .venv/bin/pip install --force-reinstall '
+    f"--no-cache-dir llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
 )
 
 

@@ -18,7 +18,8 @@ become :mod:`homelab.errors` types with a message that says what to do.
     sampler     SamplerChain: llama.cpp's sampler-chain API
     candidates  the distribution a chain picks from (speculative sampling's acceptance rule)
     quantize    llama_model_quantize with progress, and its dry run for the output size
-    backend     build facts (version, GPU offload, system info) and ggml's device registry
+    backend     build facts (version, GPU offload, RPC, system info) and ggml's device registry
+    rpc         RPC workers: handshake from Python, remote devices registered, a worker in-process
     grammar     JSON schema -> GBNF
 
 Importing this package (or any module but ``logits`` and ``candidates``) is cheap:

@@ -60,10 +60,15 @@ def ggml_library(name: str) -> ctypes.CDLL:
     """One of the ggml libraries shipped beside libllama (``ggml``, ``ggml-base``), opened once.
 
     llama-cpp-python binds only llama.h; the device registry lives in ggml's own libraries.
+    The wheel ships ``libggml.so``, ``libggml.so.0``… as copies, not symlinks, and libllama
+    links the sonames (``libggml.so.0``): opening another copy would load a second ggml with
+    its own device registry and abort callback, so the soname is opened when it is there.
     """
     if name not in _ggml:
         folder = Path(str(lib().__file__)).parent / "lib"
-        _ggml[name] = ctypes.CDLL(str(folder / f"lib{name}.so"))
+        soname = folder / f"lib{name}.so.0"
+        path = soname if soname.exists() else folder / f"lib{name}.so"
+        _ggml[name] = ctypes.CDLL(str(path))
     return _ggml[name]
 
 

@@ -23,7 +23,7 @@ from homelab.errors import EngineError
 from homelab.llamacpp._lib import lib, to_bytes
 from homelab.llamacpp.backend import cpu_buffer_type
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
-from homelab.llamacpp.rpc import offload_devices, register_workers
+from homelab.llamacpp.rpc import any_registered, offload_devices, register_workers
 from homelab.llamacpp.vocab import Vocab
 from homelab.settings import Settings
 
@@ -138,7 +138,7 @@ def _c_params(params: ModelParams, keepalive: list[Any]) -> Any:
         c_params.load_mode = module.LLAMA_LOAD_MODE_NONE
     if params.n_cpu_moe > 0:
         c_params.tensor_buft_overrides = _expert_overrides(params.n_cpu_moe, keepalive)
-    if params.rpc_servers:
+    if params.rpc_servers or any_registered():  # workers of an earlier load stay registered
         c_params.devices = _device_list(offload_devices(params.rpc_servers), keepalive)
     if params.tensor_split:
         shares = (ctypes.c_float * module.llama_max_devices())(*params.tensor_split)

@@ -23,9 +23,11 @@ from __future__ import annotations
 import ctypes
 import socket
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from homelab.errors import EngineError
 from homelab.llamacpp._lib import ggml_library, to_bytes
@@ -276,7 +278,47 @@ def register_workers(endpoints: tuple[str, ...] | list[str]) -> tuple[WorkerInfo
             ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
             ggml.ggml_backend_register(registry)
             _registered[info.endpoint] = int(registry)
+        _explain_aborts()
     return infos
+
+
+_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_abort_callback: Any = None  # kept alive: ggml calls it from any thread
+
+
+def _explain_aborts() -> None:
+    """Say, before llama.cpp aborts the process, that a worker was lost and what to do.
+
+    llama.cpp's RPC client has no error path: a worker that dies or drops the connection
+    mid-request ends this process (``GGML_ABORT``). ggml lets us print our message first.
+    """
+    global _abort_callback
+    if _abort_callback is not None:
+        return
+
+    def explain(message: bytes | None) -> None:
+        text = (message or b"").decode(errors="replace")
+        workers = ", ".join(_registered) or "none"
+        sys.stderr.write(f"llama.cpp: {text}\n")
+        if "RPC" in text or "connect" in text.lower():
+            sys.stderr.write(
+                f"homelab: lost an RPC worker ({workers}): llama.cpp cannot continue without "
+                "it, so this process ends and its requests fail. Restart the worker, then "
+                "this command.\n"
+            )
+        sys.stderr.flush()
+
+    _abort_callback = _ABORT_CALLBACK(explain)
+    base = ggml_library("ggml-base")
+    base.ggml_set_abort_callback.restype = ctypes.c_void_p
+    base.ggml_set_abort_callback.argtypes = [_ABORT_CALLBACK]
+    base.ggml_set_abort_callback(_abort_callback)
+
+
+def any_registered() -> bool:
+    """Whether this process has registered RPC workers (llama.cpp's default device list then
+    includes them, so a load that should not use them must name its devices)."""
+    return bool(_registered)
 
 
 def offload_devices(endpoints: tuple[str, ...] | list[str]) -> list[int]:

@@ -92,8 +92,9 @@ class Hardware:
 
     def tensor_split(self) -> tuple[float, ...]:
         """The split the loader passes to llama.cpp so that it allocates what was planned:
-        explicit whenever layers are shared by RPC workers (empty: llama.cpp's default)."""
-        return self.gpu_split() if self.rpc_endpoints else ()
+        explicit whenever several devices (GPUs, RPC workers) share the layers — free memory
+        at load time may differ from planning time. Empty (llama.cpp's default) for one."""
+        return self.gpu_split() if len(self.gpus) > 1 or self.rpc_endpoints else ()
 
 
 def with_workers(

@@ -89,7 +89,8 @@ def _memory(plan: Plan) -> str:
 
 def _device_line(device: DeviceMemory) -> str:
     label = device.label.split(" (profile")[0]
-    name = f"{device.name} {label}"[:NAME_WIDTH]
+    remote = label.startswith("worker ")  # an RPC device: its worker is listed below the table
+    name = (device.name if remote else f"{device.name} {label}")[:NAME_WIDTH]
     kv = device.kv_bytes + device.recurrent_bytes
     cells = [
         format_size(v)

@@ -22,7 +22,7 @@ from engine_helpers import tiny_settings
 
 from homelab.engine.acceptance import accept_or_resample
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
-from homelab.engine.draft_policy import PROBE_INTERVAL, Acceptance, DraftPolicy, LinearCost
+from homelab.engine.draft_policy import PROBE_INTERVAL, Acceptance, DraftPolicy, StepCost
 from homelab.engine.engine import Engine
 from homelab.engine.scheduler import Completion, RequestHandle
 from homelab.engine.speculation import NgramDrafter, SpeculationConfig, SpeculationError
@@ -472,15 +472,25 @@ def test_fixed_draft_length_fills_what_the_batch_allows() -> None:
     assert policy.plan([(HOPELESS, 9), (HOPELESS, 9)], room=5) == [2, 3]
 
 
-def test_linear_cost_fits_a_step_and_a_row() -> None:
-    cost = LinearCost(prior_per_row=0.05)
-    for rows in (1, 3, 5, 9, 2, 7) * 5:
-        cost.observe(rows, 0.010 + 0.001 * rows)
-    base, per_row = cost.fit()
-    assert base == pytest.approx(0.010, rel=1e-6) and per_row == pytest.approx(0.001, rel=1e-6)
-    constant = LinearCost(prior_per_row=0.05)
-    constant.observe(1, 0.0105)  # one row count only: the prior splits it
-    assert constant.fit() == pytest.approx((0.01, 0.0005))
+def test_step_cost_takes_recent_lower_quartiles_and_interpolates() -> None:
+    cost = StepCost()
+    assert cost.seconds(1) == 1.0 and cost.seconds(3) == pytest.approx(1.2)  # nothing yet
+    for seconds in (0.190, 0.011, 0.011, 0.080, 0.012):  # spikes only ever add time
+        cost.observe(1, seconds)
+    assert cost.seconds(1) == pytest.approx(0.011)
+    assert cost.seconds(5) == pytest.approx(0.011 * 1.4)  # no batch yet: the prior share
+    for _ in range(3):
+        cost.observe(3, 0.020)
+        cost.observe(9, 0.032)
+    assert cost.seconds(6) == pytest.approx(0.026)  # between the rows measured
+    assert cost.seconds(13) == pytest.approx(0.040)  # beyond them, on the last slope
+    assert cost.seconds(2) == pytest.approx(0.018)
+    assert cost.seconds(9, optimistic=True) == pytest.approx(0.011 * 1.8)
+    steep = StepCost()
+    steep.observe(1, 0.010)
+    steep.observe(5, 0.012)
+    steep.observe(9, 0.052)
+    assert steep.seconds(2) == pytest.approx(0.010)  # never below a one-row step
 
 
 # --- prompt lookup ------------------------------------------------------------------------

@@ -106,7 +106,10 @@ def test_openai_sdk_against_serve_with_rpc_and_a_worker_killed_mid_generation(
         assert _health(port) != 200  # unhealthy (llama.cpp ended the process) — not hanging
         _, stderr = server.communicate(timeout=30)
         assert server.returncode != 0
-        assert "Remote RPC server crashed" in stderr or "Failed to connect" in stderr, stderr
+        assert "Remote RPC server crashed" in stderr, stderr
+        assert f"homelab: lost an RPC worker ({first.endpoint}, {second.endpoint})" in stderr, (
+            stderr[-6000:]
+        )
     finally:
         if server.poll() is None:
             server.kill()
@@ -145,3 +148,27 @@ def test_plan_with_an_unreachable_worker_names_it_before_loading() -> None:
     )
     assert finished.returncode == 1
     assert f"RPC worker {endpoint} is unreachable" in finished.stderr
+
+
+LOAD_TWICE = """
+import sys
+from homelab.llamacpp.model import Model, ModelParams
+
+path, endpoint = sys.argv[1], sys.argv[2]
+with Model.load(path, ModelParams(rpc_servers=(endpoint,), allocate=False)) as remote:
+    print(f"RPC0[{endpoint}] model buffer" in remote.load_log)
+with Model.load(path, ModelParams(allocate=False)) as local:
+    print("RPC0[" in local.load_log)
+"""
+
+
+def test_a_later_load_without_workers_stays_off_them(
+    start_worker: Callable[[], Worker], demo_model: Callable[..., Path]
+) -> None:
+    """ggml keeps a registered worker for the whole process, and llama.cpp's default device
+    list would then include it: a load without ``rpc_servers`` must name its devices."""
+    worker = start_worker()
+    command = [sys.executable, "-c", LOAD_TWICE, str(demo_model("llama")), worker.endpoint]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert finished.stdout.split() == ["True", "False"]

@@ -178,3 +178,25 @@ def test_a_taken_port_is_a_clear_error(
     )
     assert finished.returncode == 1
     assert f"could not listen on {worker.endpoint}" in finished.stderr
+
+
+def test_worker_json_is_one_document_on_stdout(rpc_build: None) -> None:
+    import json
+    import subprocess
+    import sys
+
+    port = free_port()
+    command = [sys.executable, "-m", "homelab.cli", "worker", "--json", "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, "--device", "CPU"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        document = json.loads(process.stdout.readline())
+        assert document["endpoint"] == f"127.0.0.1:{port}"
+        assert [d["name"] for d in document["devices"]] == ["CPU"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=30)
+    assert process.returncode == 0 and out == ""  # llama.cpp's own banner went to stderr
+    assert "Starting RPC server" in err and "homelab worker stopped" in err
