@@ -18,6 +18,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"{flags.MODEL_HELP} (default: the first local model, else the generated demo)",
     )
     flags.add_download_flags(parser)
+    flags.add_speculation_flags(parser)
+    parser.add_argument(
+        "--rpc",
+        metavar="HOST:PORT[,...]",
+        help="also plan and load over these llama.cpp RPC workers (`homelab worker`)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +34,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from homelab.tui.app import make_app
 
-    make_app(_downloaded(args)).run()
+    make_app(
+        _downloaded(args),
+        speculation=flags.speculation(args),
+        rpc=flags.rpc_endpoints(args),
+    ).run()
     return 0
 
 

@@ -11,8 +11,10 @@ decodes of a context only ever add time, in spikes a mean would keep for long),
 interpolated between the row counts seen. One row is not on the line through the others:
 llama.cpp runs it as a
 matrix-vector product, and on a CPU a two-row batch of Q8_0 weights measured 2.3x the time of
-one row here, while F16 cost +30 %. Until a batch has been seen, each extra row is assumed to
-cost :data:`PRIOR_ROW_SHARE` of a one-row step, so the first steps speculate and measure.
+one row here, while F16 cost +30 %. Until a batch size has been measured :data:`TRUSTED`
+times (the first decodes of a shape, and the draft model's first touch of its weights, are
+slow), each extra row is assumed to cost :data:`PRIOR_ROW_SHARE` of a one-row step, so the
+first steps speculate and measure.
 
 **Plan.** :meth:`DraftPolicy.plan` takes drafted tokens in order of their gain ``α_j^i``
 across all sequences; with the best ``n`` of them a step yields ``B + Σ gains`` tokens in
@@ -40,6 +42,7 @@ PRIOR_DRAFT_SHARE = 0.3  # a draft step's cost relative to a target step, until 
 PROBE_INTERVAL = 64  # plain steps between optimistic plans
 PROBE_ACCEPTANCE = 0.9
 RECENT = 7  # measurements kept per row count
+TRUSTED = 3  # measurements before a batch size's time is believed
 
 
 @dataclass
@@ -67,19 +70,19 @@ class StepCost:
     def __init__(self) -> None:
         self._recent: dict[int, deque[float]] = {}
         self._typical: dict[int, float] = {}
-        self._rows: list[int] = []  # row counts >= 2 measured, sorted
+        self._rows: list[int] = []  # row counts >= 2 measured TRUSTED times, sorted
 
     def observe(self, rows: int, seconds: float) -> None:
         rows = max(rows, 1)
         recent = self._recent.setdefault(rows, deque(maxlen=RECENT))
         recent.append(seconds)
         self._typical[rows] = sorted(recent)[len(recent) // 4]
-        if rows > 1 and rows not in self._rows:
+        if rows > 1 and len(recent) == TRUSTED:  # the first decodes of a shape are slow
             self._rows.insert(bisect_left(self._rows, rows), rows)
 
     @property
     def measured(self) -> bool:
-        return bool(self._typical)
+        return 1 in self._typical or bool(self._rows)
 
     def seconds(self, rows: int, *, optimistic: bool = False) -> float:
         """Measured or interpolated; ``optimistic`` ignores what batches measured. 1.0 stands

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
@@ -55,6 +55,9 @@ from homelab.tui.screens.dashboard import Dashboard
 from homelab.tui.screens.error import ErrorScreen
 from homelab.tui.screens.help import HelpScreen
 from homelab.tui.services import ModelChoice
+
+if TYPE_CHECKING:
+    from homelab.engine.speculation import SpeculationConfig
 
 HARDWARE_REFRESH_S = 1.0
 CHAT_FLUSH_S = 0.1  # streamed text reaches the screen at 10 Hz, however fast tokens come
@@ -97,6 +100,7 @@ class HomelabApp(App[None]):
         Binding("c", "cycle_knob('n_ctx_per_slot')", "Context", show=False),
         Binding("p", "cycle_knob('n_parallel')", "Slots", show=False),
         Binding("r", "refresh_hardware", "Re-detect", show=False),
+        Binding("u", "unload", "Unload", show=False),
     ]
 
     dashboard: Dashboard  # set once it is mounted
@@ -112,6 +116,8 @@ class HomelabApp(App[None]):
         hardware_refresh_s: float = HARDWARE_REFRESH_S,
         verify_plans: bool = True,
         chat_max_tokens: int = services.CHAT_MAX_TOKENS,
+        speculation: SpeculationConfig | None = None,
+        rpc: tuple[str, ...] = (),
     ) -> None:
         super().__init__()
         self.requested_model = model
@@ -119,9 +125,9 @@ class HomelabApp(App[None]):
         self.frozen_live = frozen = frozen_live  # snapshots: hide numbers that vary per run
         # one controller per panel; each gets its widget once the dashboard is mounted
         source = hardware_provider or LocalHardware()
-        self.hardware = HardwareController(self, source, frozen=frozen)
-        self.plans = PlanController(self, verify=verify_plans)
-        self.live = LiveController(self, self.plans, frozen=frozen)
+        self.hardware = HardwareController(self, source, frozen=frozen, rpc=rpc)
+        self.plans = PlanController(self, verify=verify_plans, rpc=rpc)
+        self.live = LiveController(self, self.plans, frozen=frozen, speculation=speculation)
         self.chat = ChatController(self, self.live, max_tokens=chat_max_tokens, frozen=frozen)
         self.serving = ServerController(
             self, self.live, host=server_host, port=server_port, frozen=frozen
@@ -174,7 +180,7 @@ class HomelabApp(App[None]):
 
     @while_running
     async def on_hardware_detected(self, message: HardwareDetected) -> None:
-        await self.hardware.show_report(message.report)
+        await self.hardware.show_report(message.report, message.workers)
         self.plans.set_report(message.report)
 
     def action_refresh_hardware(self) -> None:
@@ -209,6 +215,14 @@ class HomelabApp(App[None]):
             self.unload()
         else:
             self.live.load()
+
+    def action_unload(self) -> None:
+        """Unload the model (the server panel's unload: it stops the server serving it)."""
+        if self.live.engine is not None:
+            self.unload()
+
+    def on_unload_requested(self) -> None:
+        self.action_unload()
 
     @while_running
     async def on_model_loaded(self, message: ModelLoaded) -> None:
@@ -372,11 +386,15 @@ def make_app(
     hardware_refresh_s: float = HARDWARE_REFRESH_S,
     verify_plans: bool | None = None,
     chat_max_tokens: int = services.CHAT_MAX_TOKENS,
+    speculation: SpeculationConfig | None = None,
+    rpc: tuple[str, ...] = (),
 ) -> HomelabApp:
     """The app, configured; tests reuse this with fixed hardware and a demo model.
 
     ``verify_plans`` (default: on unless ``frozen_live``) confirms each plan with a llama.cpp
-    dry run, whose timing text would make snapshots differ run to run.
+    dry run, whose timing text would make snapshots differ run to run. ``speculation``
+    (``--spec`` / ``--draft``) goes to every load; ``rpc`` (``--rpc``) workers are probed with
+    the hardware, listed in its panel and planned with.
     """
     return HomelabApp(
         model,
@@ -387,4 +405,6 @@ def make_app(
         hardware_refresh_s=hardware_refresh_s,
         verify_plans=not frozen_live if verify_plans is None else verify_plans,
         chat_max_tokens=chat_max_tokens,
+        speculation=speculation,
+        rpc=rpc,
     )

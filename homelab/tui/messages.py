@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from homelab.planner.plan import Plan
     from homelab.tui.knobs import Knobs
     from homelab.tui.protocols import DashboardEngine, ServerLike
-    from homelab.tui.services import FitBadge, ModelChoice
+    from homelab.tui.services import FitBadge, ModelChoice, WorkerLine
 
 # --- posted by workers ---------------------------------------------------------------------
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 @dataclass
 class HardwareDetected(Message):
     report: HardwareReport
+    workers: tuple[WorkerLine, ...] = ()  # the --rpc workers' devices, probed with it
 
 
 @dataclass
@@ -139,6 +140,11 @@ class KnobsChanged(Message):
 @dataclass
 class ServerToggleRequested(Message):
     """The server panel's start/stop button was pressed."""
+
+
+@dataclass
+class UnloadRequested(Message):
+    """The server panel's unload button was pressed for the model it lists."""
 
 
 @dataclass

@@ -22,6 +22,7 @@ from homelab.units import format_gib
 
 if TYPE_CHECKING:
     from homelab.engine.loader import LoadReport
+    from homelab.engine.speculation import SpeculationConfig
     from homelab.hardware.report import HardwareReport
     from homelab.hub.library import LocalModel
     from homelab.models.ref import ModelRef
@@ -189,18 +190,55 @@ def plan_request(knobs: Knobs) -> PlanRequest:
 
 
 def plan_choice(
-    choice: ModelChoice, report: HardwareReport, knobs: Knobs, *, verify: bool = False
+    choice: ModelChoice,
+    report: HardwareReport,
+    knobs: Knobs,
+    *,
+    verify: bool = False,
+    rpc: tuple[str, ...] = (),
 ) -> Plan:
-    """Plan ``choice`` for the machine in ``report`` with the user's knobs.
+    """Plan ``choice`` for the machine in ``report`` with the user's knobs, and the devices
+    of the RPC workers ``rpc`` (``--rpc``; asked for their free memory now, as every verb
+    does — :func:`homelab.planner.budget.with_workers`).
 
     Without ``verify`` this is pure arithmetic (milliseconds: knobs re-plan instantly); with
     it, a plan for a local file is confirmed by a llama.cpp dry run (a second or so).
     """
-    from homelab.planner.budget import hardware_from_report
+    from homelab.planner.budget import hardware_from_report, with_workers
     from homelab.planner.plan import plan_model
 
     variants = choice.model.variants()
-    return plan_model(variants, hardware_from_report(report), plan_request(knobs), verify=verify)
+    hardware = with_workers(hardware_from_report(report), rpc)
+    return plan_model(variants, hardware, plan_request(knobs), verify=verify)
+
+
+def probe_workers(endpoints: tuple[str, ...]) -> tuple[WorkerLine, ...]:
+    """Each RPC worker's devices and free memory, or why it cannot be reached."""
+    from homelab.llamacpp.rpc import probe
+
+    lines: list[WorkerLine] = []
+    for endpoint in endpoints:
+        try:
+            info = probe(endpoint)
+        except HomelabError as error:
+            lines.append(WorkerLine(endpoint, None, 0, 0, problem=error.message))
+            continue
+        for device in info.devices:
+            lines.append(
+                WorkerLine(endpoint, device.buffer_name, device.free_bytes, device.total_bytes)
+            )
+    return tuple(lines)
+
+
+@dataclass(frozen=True)
+class WorkerLine:
+    """One device of an RPC worker as the hardware panel lists it."""
+
+    endpoint: str
+    device: str | None  # llama.cpp's name for it, "RPC0[127.0.0.1:50052]"; None: unreachable
+    free_bytes: int
+    total_bytes: int
+    problem: str = ""
 
 
 def fit_badge(choice: ModelChoice, report: HardwareReport) -> FitBadge:
@@ -276,13 +314,16 @@ def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> Mod
 CHAT_MAX_TOKENS = 256
 
 
-def load_engine(choice: ModelChoice, plan: Plan) -> DashboardEngine:
+def load_engine(
+    choice: ModelChoice, plan: Plan, speculation: SpeculationConfig | None = None
+) -> DashboardEngine:
     """Load the file ``plan`` was made for (``choice``'s, or the sibling quant the planner
     picked) with the plan's settings, the plan's memory prediction going into the calibration
-    record (blocking: seconds for a big model)."""
-    from homelab.models.launch import load_plan
+    record (blocking: seconds for a big model); ``speculation`` (``--spec`` / ``--draft``)
+    goes to the engine as ``homelab run`` passes it."""
+    from homelab.models.launch import Overrides, load_plan
 
-    return load_plan(choice.model, plan)
+    return load_plan(choice.model, plan, Overrides(speculation=speculation))
 
 
 def load_report(engine: DashboardEngine) -> LoadReport | None:
@@ -358,8 +399,7 @@ def start_server(
 
     keys_path = default_keys_path()
     keys = load_keys(keys_path) if keys_path.exists() else None
-    model_id = Path(str(engine.model_info.source)).stem
-    config = ServerConfig(model_id=model_id, keys=keys)
+    config = ServerConfig(model_id=served_name(engine), keys=keys)
     handle = run_server(engine, host, port, config)
     handle.subscribe(on_request)
     return RunningServer(handle, keys_on=keys is not None)
@@ -377,6 +417,34 @@ class RunningServer:
 
     def stop(self) -> None:
         self.handle.stop()
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A model the running server has loaded, as the server panel lists it."""
+
+    name: str  # the ``model`` id clients send
+    planned_bytes: int | None  # the plan's total for it (None: no plan)
+    allocated_bytes: int | None  # what llama.cpp reported allocating (None: not known)
+    n_slots: int
+
+
+def served_models(engine: DashboardEngine, plan: Plan | None) -> tuple[ServedModel, ...]:
+    """What the TUI's own server has loaded: its one engine, with planned and real memory."""
+    report = load_report(engine)
+    return (
+        ServedModel(
+            name=served_name(engine),
+            planned_bytes=plan.memory.total_bytes if plan is not None else None,
+            allocated_bytes=report.buffers.total_bytes() if report is not None else None,
+            n_slots=report.n_slots if report is not None else 0,
+        ),
+    )
+
+
+def served_name(engine: DashboardEngine) -> str:
+    """The model id the server answers to (the file's stem, as ``homelab serve`` names it)."""
+    return Path(str(engine.model_info.source)).stem
 
 
 def server_url(server: RunningServer) -> str:

@@ -479,6 +479,8 @@ def test_step_cost_takes_recent_lower_quartiles_and_interpolates() -> None:
         cost.observe(1, seconds)
     assert cost.seconds(1) == pytest.approx(0.011)
     assert cost.seconds(5) == pytest.approx(0.011 * 1.4)  # no batch yet: the prior share
+    cost.observe(3, 0.500)  # the first decodes of a new shape are not believed yet
+    assert cost.seconds(3) == pytest.approx(0.011 * 1.2)
     for _ in range(3):
         cost.observe(3, 0.020)
         cost.observe(9, 0.032)
@@ -488,8 +490,9 @@ def test_step_cost_takes_recent_lower_quartiles_and_interpolates() -> None:
     assert cost.seconds(9, optimistic=True) == pytest.approx(0.011 * 1.8)
     steep = StepCost()
     steep.observe(1, 0.010)
-    steep.observe(5, 0.012)
-    steep.observe(9, 0.052)
+    for _ in range(3):
+        steep.observe(5, 0.012)
+        steep.observe(9, 0.052)
     assert steep.seconds(2) == pytest.approx(0.010)  # never below a one-row step
 
 

@@ -58,3 +58,31 @@ def test_help_mentions_the_model_argument(argv: list[str]) -> None:
     )
     assert result.returncode == 0
     assert ("MODEL" in result.stdout) == (argv[0] == "tui")
+
+
+def test_spec_and_rpc_flags_reach_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`homelab tui demo --spec ngram --draft-max 3 --rpc HOST:PORT,…`: the dashboard is built
+    with that speculation and those workers (the app itself is not run here)."""
+    import homelab.tui.app as tui_app
+    from homelab.cli import main
+
+    built: list[dict[str, object]] = []
+
+    class NotRun:
+        def run(self) -> None:
+            built[-1]["ran"] = True
+
+    def fake_make_app(model: str | None, **options: object) -> NotRun:
+        built.append({"model": model, **options})
+        return NotRun()
+
+    monkeypatch.setattr(tui_app, "make_app", fake_make_app)
+    argv = ["tui", "demo", "--spec", "ngram", "--draft-max", "3"]
+    assert main([*argv, "--rpc", "127.0.0.1:50052, localhost:6000,127.0.0.1:50052"]) == 0
+    (options,) = built
+    assert options["model"] == "demo" and options["ran"] is True
+    spec = options["speculation"]
+    assert getattr(spec, "kind", None) == "ngram" and getattr(spec, "max_draft_tokens", 0) == 3
+    assert options["rpc"] == ("127.0.0.1:50052", "localhost:6000")
+    assert main(["tui", "demo"]) == 0
+    assert built[-1]["speculation"] is None and built[-1]["rpc"] == ()

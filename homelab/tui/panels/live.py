@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from homelab.engine.api import EngineMetrics
     from homelab.engine.loader import LoadReport
+    from homelab.engine.speculation import SpeculationConfig
     from homelab.planner.plan import Plan
     from homelab.tui.panels.plan import PlanController
     from homelab.tui.protocols import AnswerStream, DashboardEngine, ServerLike
@@ -43,10 +44,18 @@ AfterLoad = Callable[[], Awaitable[None] | None]
 class LiveController:
     panel: LivePanel  # attached once the dashboard is mounted
 
-    def __init__(self, app: App[None], plans: PlanController, *, frozen: bool) -> None:
+    def __init__(
+        self,
+        app: App[None],
+        plans: PlanController,
+        *,
+        frozen: bool,
+        speculation: SpeculationConfig | None = None,
+    ) -> None:
         self.app = app
         self.plans = plans  # what to load: the chosen model and its current plan
         self.frozen = frozen
+        self.speculation = speculation  # --spec / --draft: how every load speculates
         self.engine: DashboardEngine | None = None
         self.load_report: LoadReport | None = None
         self.metrics: Coalescer[EngineMetrics] = Coalescer(
@@ -104,7 +113,7 @@ class LiveController:
         self._released.wait(RELEASE_WAIT_S)  # the previous model's memory must be free first
         started = time.perf_counter()
         try:
-            engine = services.load_engine(choice, plan)
+            engine = services.load_engine(choice, plan, self.speculation)
         except HomelabError as error:
             self.app.post_message(TaskFailed(LOADING, error, modal=True))
         else:

@@ -39,9 +39,10 @@ KNOB_CHOICES: dict[str, tuple[object, ...]] = {
 class PlanController:
     panel: PlanPanel  # attached once the dashboard is mounted
 
-    def __init__(self, app: App[None], *, verify: bool) -> None:
+    def __init__(self, app: App[None], *, verify: bool, rpc: tuple[str, ...] = ()) -> None:
         self.app = app
         self.verify = verify  # confirm each plan of a local file with a llama.cpp dry run
+        self.rpc = rpc  # --rpc: the workers' devices are devices of every plan
         self.report: HardwareReport | None = None
         self.choice: ModelChoice | None = None
         self.knobs = Knobs()
@@ -118,10 +119,10 @@ class PlanController:
         """Plan at once from the memory model, then (for a local file) confirm it with a
         llama.cpp dry run and show the verified plan too."""
         try:
-            plan = services.plan_choice(choice, report, knobs)
+            plan = services.plan_choice(choice, report, knobs, rpc=self.rpc)
             self.app.post_message(PlanComputed(plan, generation))
             if self.verify and choice.runnable and not get_current_worker().is_cancelled:
-                verified = services.plan_choice(choice, report, knobs, verify=True)
+                verified = services.plan_choice(choice, report, knobs, verify=True, rpc=self.rpc)
                 self.app.post_message(PlanComputed(verified, generation))
         except HomelabError as error:
             self.app.post_message(PlanFailed(error, generation))

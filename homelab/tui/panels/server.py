@@ -80,11 +80,18 @@ class ServerController:
     def started(self, message: ServerStarted) -> None:
         self.server = message.server
         self.panel.show_running(message.server.url, message.server.keys_on)
+        self.show_models()
         self.app.notify(message.server.url, title="Server running")
 
     def _stop(self, server: ServerLike) -> None:
         server.stop()
         self.app.post_message(ServerStopped())
+
+    def show_models(self) -> None:
+        """List what the server has loaded: the TUI serves its one engine."""
+        engine = self.live.engine
+        if self.server is not None and engine is not None:
+            self.panel.show_models(services.served_models(engine, self.live.plans.plan))
 
     def show_stopped(self) -> None:
         self.panel.show_stopped()

@@ -20,16 +20,20 @@ Runs a large language model on this machine with llama.cpp: it **plans** how the
 ## Panels
 
 - **Hardware** — each GPU's memory: *ours* (this process), *other processes*, *free*;
-  temperature, power, utilisation; CPU and RAM. Refreshed every second.
+  temperature, power, utilisation; CPU and RAM. Refreshed every second. With `--rpc`, each
+  RPC worker's devices and their free memory (the plan uses them).
 - **Model & plan** — the chosen settings and how memory is shared on each device
   (weights / KV cache / compute / overhead / free). Turn a knob and it re-plans at once,
   before anything is loaded. *Context reachable* is the longest context per slot with
   f16, q8_0 or q4_0 KV cache.
-- **Live run** — decode and prefill tokens/s, time to first token, slots, queue, KV cells.
+- **Live run** — decode and prefill tokens/s, time to first token, slots, queue, KV cells;
+  with speculative decoding (`--spec ngram`, `--draft MODEL`) the share of drafted tokens
+  accepted and the tokens each target step yields.
 - **Chat** — type a prompt, Enter sends it, Esc (or ctrl+x) cancels the answer. Whenever the
   chat is on screen at start, or its page is opened, the prompt has the focus: what you type
   goes to the model. Esc leaves the box.
-- **Server** — starts the OpenAI endpoint; the log shows status, tenant, tokens and tok/s
+- **Server** — starts the OpenAI endpoint; lists the model it has loaded (planned and
+  allocated memory) with an *Unload* button; the log shows status, tenant, tokens and tok/s
   (never prompt text).
 
 ## Keys
@@ -54,6 +58,7 @@ Outside the prompt (after Esc), single letters work too:
 | `i` | write a prompt |
 | `k` / `c` / `p` | cycle KV type / context / slots |
 | `r` | re-detect the hardware |
+| `u` | unload the model (and stop the server serving it) |
 | `1`–`4` | pages on a small terminal: overview, plan, chat (its prompt takes the keys), server |
 | `?` / `q` | this help / quit |
 

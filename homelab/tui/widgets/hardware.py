@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -13,6 +15,9 @@ from homelab.tui.format import HIDDEN, shown
 from homelab.tui.hardware_source import LiveHardware, vram_share
 from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
 from homelab.units import format_size
+
+if TYPE_CHECKING:
+    from homelab.tui.services import WorkerLine
 
 OURS_STYLE = "bold #5fafff"
 OTHER_STYLE = "#d7875f"
@@ -89,6 +94,7 @@ class HardwarePanel(Vertical):
     HardwarePanel #gpus, HardwarePanel #no-gpu { height: auto; }
     HardwarePanel #host, HardwarePanel #ram-line { height: 1; }
     HardwarePanel #hw-warnings { height: auto; color: $warning; }
+    HardwarePanel #rpc-workers { height: auto; display: none; }
     """
 
     def __init__(self, **kwargs: object) -> None:
@@ -101,6 +107,7 @@ class HardwarePanel(Vertical):
         self.host = Static(id="host")
         self.ram_line = Static(id="ram-line")
         self.ram_bar = StackedBar(id="ram-bar")
+        self.worker_list = Static(id="rpc-workers")
         self.warnings = Static(id="hw-warnings")
 
     def compose(self) -> ComposeResult:
@@ -109,7 +116,13 @@ class HardwarePanel(Vertical):
         yield self.host
         yield self.ram_line
         yield self.ram_bar
+        yield self.worker_list
         yield self.warnings
+
+    def show_workers(self, workers: tuple[WorkerLine, ...]) -> None:
+        """The ``--rpc`` workers' devices (hidden without workers)."""
+        self.worker_list.update("\n".join(worker_text(worker) for worker in workers))
+        self.worker_list.display = bool(workers)
 
     async def show_report(self, report: HardwareReport) -> None:
         self.report = report
@@ -140,6 +153,18 @@ class HardwarePanel(Vertical):
                 Segment("available", live.ram_available_bytes, FREE_STYLE, LIGHT_SHADE),
             ]
         )
+
+
+def worker_text(worker: WorkerLine) -> str:
+    """ "worker 127.0.0.1:50052 · RPC0 · 23.5 GiB free of 31.2 GiB", or why it is unreachable."""
+    where = f"[b]worker[/b] {escape(worker.endpoint)}"
+    if worker.device is None:
+        return f"{where} · [b $error]{escape(worker.problem)}[/]"
+    device = escape(worker.device.partition("[")[0])
+    return (
+        f"{where} · {device} · {format_size(worker.free_bytes, digits=1)} free "
+        f"[dim]of {format_size(worker.total_bytes, digits=1)}[/]"
+    )
 
 
 def no_gpu_text(report: HardwareReport) -> str:

@@ -58,6 +58,8 @@ class LivePanel(Vertical):
     LivePanel #kv-bar { height: 1; }
     LivePanel .metric { display: none; }
     LivePanel.-running .metric { display: block; }
+    LivePanel #live-spec { height: 1; display: none; }
+    LivePanel.-running.-speculating #live-spec { display: block; }
     """
 
     def __init__(self, **kwargs: object) -> None:
@@ -70,12 +72,14 @@ class LivePanel(Vertical):
         self.counts = Static(id="live-counts", classes="metric")
         self.kv_line = Static(id="live-kv", classes="metric")
         self.kv_bar = StackedBar(id="kv-bar", classes="metric")
+        self.spec_line = Static(id="live-spec")  # only while the engine speculates
 
     def compose(self) -> ComposeResult:
         yield self.state
         yield self.decode
         yield self.prefill
         yield self.counts
+        yield self.spec_line
         yield self.kv_line
         yield self.kv_bar
 
@@ -84,7 +88,7 @@ class LivePanel(Vertical):
 
     def show_unloaded(self) -> None:
         self.latest = None
-        self.remove_class("-running")
+        self.remove_class("-running", "-speculating")
         self.show_state(NOT_LOADED)
 
     def show_metrics(self, metrics: EngineMetrics, *, frozen: bool) -> None:
@@ -93,6 +97,9 @@ class LivePanel(Vertical):
         self.decode.push(metrics.decode_tok_s, frozen=frozen)
         self.prefill.push(metrics.prefill_tok_s, frozen=frozen)
         self.counts.update(counts_text(metrics, frozen=frozen))
+        self.set_class(metrics.speculation is not None, "-speculating")
+        if metrics.speculation is not None:
+            self.spec_line.update(speculation_text(metrics, frozen=frozen))
         self.kv_line.update(
             f"[b]KV cells[/b] {metrics.kv_cells_used:,} of {metrics.kv_cells_total:,} used"
         )
@@ -107,6 +114,22 @@ class LivePanel(Vertical):
                 ),
             ]
         )
+
+
+def speculation_text(metrics: EngineMetrics, *, frozen: bool) -> str:
+    """ "speculation ngram · 72% of drafted tokens accepted · 2.40 tokens per target step"."""
+    kept = f"{metrics.accepted_draft_tokens_total:,} of {metrics.draft_tokens_total:,}"
+    if frozen:
+        acceptance = per_step = kept = HIDDEN
+    else:
+        rate_ = metrics.acceptance_rate
+        acceptance = "–" if rate_ is None else f"{rate_:.0%}"
+        step = metrics.tokens_per_target_step
+        per_step = "–" if step is None else f"{step:.2f}"
+    return (
+        f"[b]speculation[/b] {metrics.speculation} · {acceptance} of drafted tokens accepted · "
+        f"{per_step} tokens per target step  [dim]{kept} drafted kept[/]"
+    )
 
 
 def counts_text(metrics: EngineMetrics, *, frozen: bool) -> str:
