@@ -213,8 +213,10 @@ def llama_speculative(models: Models, task: str, spec_type: str) -> dict[str, fl
     ]  # fmt: skip
     if spec_type == "draft-simple":
         command += ["-md", str(models.draft)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=True)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, errors="replace")
     log = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise RuntimeError(f"{SPEC_TOOL} exited with {result.returncode}:\n{log[-2000:]}")
     speed, accept = _SPEED.search(log), _ACCEPT.search(log)
     if speed is None:
         raise RuntimeError(f"{SPEC_TOOL} printed no speed:\n{log[-2000:]}")
@@ -276,7 +278,11 @@ def measure(
         print(f"round {round_index + 1}/{rounds}", flush=True)
         for name, take in chosen:
             idle = wait_for_quiet(min_idle, max_wait_s, print)
-            result = take()
+            try:
+                result = take()
+            except (RuntimeError, subprocess.SubprocessError) as failure:  # one bad run: skip it
+                print(f"  {name:<62} failed: {str(failure).splitlines()[0]}", flush=True)
+                continue
             for key, value in result.items():
                 if value is not None:
                     series.setdefault(name, {}).setdefault(key, Series(key, "")).values.append(

@@ -11,17 +11,17 @@ decodes of a context only ever add time, in spikes a mean would keep for long),
 interpolated between the row counts seen. One row is not on the line through the others:
 llama.cpp runs it as a
 matrix-vector product, and on a CPU a two-row batch of Q8_0 weights measured 2.3x the time of
-one row here, while F16 cost +30 %. Until a batch size has been measured :data:`TRUSTED`
-times (the first decodes of a shape, and the draft model's first touch of its weights, are
-slow), each extra row is assumed to cost :data:`PRIOR_ROW_SHARE` of a one-row step, so the
-first steps speculate and measure.
+one row here, while F16 cost +30 %. Until batches have been measured :data:`TRUSTED` times
+(the first decodes of a shape, and the draft model's first touch of its weights, are slow),
+each extra row is assumed to cost :data:`PRIOR_ROW_SHARE` of a one-row step, so the first
+steps speculate and measure.
 
 **Plan.** :meth:`DraftPolicy.plan` takes drafted tokens in order of their gain ``α_j^i``
 across all sequences; with the best ``n`` of them a step yields ``B + Σ gains`` tokens in
 ``T(B + n) + D`` seconds (``B`` sequences, ``D`` the draft model's steps), and the ``n`` with
 the best rate wins — ``0``, plain decoding, when speculation loses. After
-:data:`PROBE_INTERVAL` plain steps one plan is optimistic (high acceptance, cheap rows), so
-a draft or a batch cost that became better is measured again.
+:data:`PROBE_INTERVAL` plain steps one plan assumes a high acceptance, so a draft that
+became good again is noticed (the costs are measured, and stay true).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ PRIOR_DRAFT_SHARE = 0.3  # a draft step's cost relative to a target step, until 
 PROBE_INTERVAL = 64  # plain steps between optimistic plans
 PROBE_ACCEPTANCE = 0.9
 RECENT = 7  # measurements kept per row count
-TRUSTED = 3  # measurements before a batch size's time is believed
+TRUSTED = 3  # batch measurements before batch times are believed (the first are slow)
 
 
 @dataclass
@@ -70,27 +70,33 @@ class StepCost:
     def __init__(self) -> None:
         self._recent: dict[int, deque[float]] = {}
         self._typical: dict[int, float] = {}
-        self._rows: list[int] = []  # row counts >= 2 measured TRUSTED times, sorted
+        self._rows: list[int] = []  # row counts >= 2 measured twice or more, sorted
+        self._batches = 0  # batch (>= 2 rows) measurements so far
 
     def observe(self, rows: int, seconds: float) -> None:
         rows = max(rows, 1)
         recent = self._recent.setdefault(rows, deque(maxlen=RECENT))
         recent.append(seconds)
         self._typical[rows] = sorted(recent)[len(recent) // 4]
-        if rows > 1 and len(recent) == TRUSTED:  # the first decodes of a shape are slow
-            self._rows.insert(bisect_left(self._rows, rows), rows)
+        if rows > 1:
+            self._batches += 1
+            if len(recent) == 2:  # two at least, so one spike is not the estimate
+                self._rows.insert(bisect_left(self._rows, rows), rows)
 
     @property
     def measured(self) -> bool:
-        return 1 in self._typical or bool(self._rows)
+        return 1 in self._typical or self._trusted
 
-    def seconds(self, rows: int, *, optimistic: bool = False) -> float:
-        """Measured or interpolated; ``optimistic`` ignores what batches measured. 1.0 stands
-        for a one-row step while nothing is measured."""
+    @property
+    def _trusted(self) -> bool:
+        return bool(self._rows) and self._batches >= TRUSTED
+
+    def seconds(self, rows: int) -> float:
+        """Measured or interpolated; 1.0 stands for a one-row step while nothing is measured."""
         one = self._typical.get(1)
         if rows <= 1 and one is not None:
             return one
-        if optimistic or not self._rows:
+        if not self._trusted:
             base = one if one is not None else self._from_batches(1)
             return base * (1.0 + PRIOR_ROW_SHARE * (rows - 1))
         return max(self._from_batches(rows), one or 1e-9)  # a batch is never cheaper than a row
@@ -135,13 +141,11 @@ class DraftPolicy:
         probe = self._plain_steps >= PROBE_INTERVAL
         if probe:
             alphas = [max(alpha, PROBE_ACCEPTANCE) for alpha in alphas]
-        lengths = self._best_lengths(alphas, limits, room, optimistic=probe)
+        lengths = self._best_lengths(alphas, limits, room)
         self._plain_steps = 0 if any(lengths) else self._plain_steps + 1
         return lengths
 
-    def _best_lengths(
-        self, alphas: list[float], limits: list[int], room: int, *, optimistic: bool = False
-    ) -> list[int]:
+    def _best_lengths(self, alphas: list[float], limits: list[int], room: int) -> list[int]:
         n_sequences = len(alphas)
         tokens = float(n_sequences)
         best_rate, best_n = tokens / self.target.seconds(n_sequences), 0
@@ -157,9 +161,8 @@ class DraftPolicy:
             lengths[j] += 1
             order.append(j)
             if self.uses_draft_model:
-                draft_s += self._extra_draft_seconds(depth_rows, lengths[j] - 1, optimistic)
-            step_s = self.target.seconds(n_sequences + len(order), optimistic=optimistic)
-            rate = tokens / (step_s + draft_s)
+                draft_s += self._extra_draft_seconds(depth_rows, lengths[j] - 1)
+            rate = tokens / (self.target.seconds(n_sequences + len(order)) + draft_s)
             if rate > best_rate:
                 best_rate, best_n = rate, len(order)
             if lengths[j] < limits[j]:
@@ -169,19 +172,19 @@ class DraftPolicy:
             chosen[j] += 1
         return chosen
 
-    def _extra_draft_seconds(self, depth_rows: list[int], depth: int, optimistic: bool) -> float:
+    def _extra_draft_seconds(self, depth_rows: list[int], depth: int) -> float:
         """What one more sequence at draft depth ``depth`` adds to the draft model's time."""
         if len(depth_rows) <= depth:
             depth_rows.append(0)
         rows = depth_rows[depth]
-        before = self._draft_seconds(rows, optimistic) if rows else 0.0
+        before = self._draft_seconds(rows) if rows else 0.0
         depth_rows[depth] += 1
-        return self._draft_seconds(rows + 1, optimistic) - before
+        return self._draft_seconds(rows + 1) - before
 
-    def _draft_seconds(self, rows: int, optimistic: bool) -> float:
+    def _draft_seconds(self, rows: int) -> float:
         if self.draft.measured:
-            return self.draft.seconds(rows, optimistic=optimistic)
-        return PRIOR_DRAFT_SHARE * self.target.seconds(rows, optimistic=True)
+            return self.draft.seconds(rows)
+        return PRIOR_DRAFT_SHARE * self.target.seconds(rows)
 
     def settle(self, sequence: Acceptance, drafted: int, accepted: int) -> None:
         sequence.observe(drafted, accepted, SEQUENCE_DECAY)

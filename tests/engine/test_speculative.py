@@ -456,7 +456,7 @@ def test_policy_stays_plain_where_a_batch_costs_far_more_than_a_row() -> None:
 
 
 def test_policy_probes_again_after_a_while() -> None:
-    policy = measured_policy(0.010, lambda rows: 0.010 + 0.002 * rows)
+    policy = measured_policy(0.010, lambda rows: 0.010 + 0.0005 * rows)
     plans = [policy.plan([(HOPELESS, 8)], room=64) for _ in range(PROBE_INTERVAL + 1)]
     assert plans[:PROBE_INTERVAL] == [[0]] * PROBE_INTERVAL
     assert plans[PROBE_INTERVAL][0] > 0  # one optimistic plan measures the draft again
@@ -480,14 +480,15 @@ def test_step_cost_takes_recent_lower_quartiles_and_interpolates() -> None:
     assert cost.seconds(1) == pytest.approx(0.011)
     assert cost.seconds(5) == pytest.approx(0.011 * 1.4)  # no batch yet: the prior share
     cost.observe(3, 0.500)  # the first decodes of a new shape are not believed yet
+    cost.observe(3, 0.020)
     assert cost.seconds(3) == pytest.approx(0.011 * 1.2)
-    for _ in range(3):
-        cost.observe(3, 0.020)
-        cost.observe(9, 0.032)
+    cost.observe(9, 0.032)  # three batches measured: believed, one spike left out
+    assert cost.seconds(3) == pytest.approx(0.020)
+    assert cost.seconds(5) == pytest.approx(0.020 * (1 + 0.1 * 2 / 1.2))  # prior share per row
+    cost.observe(9, 0.032)
     assert cost.seconds(6) == pytest.approx(0.026)  # between the rows measured
     assert cost.seconds(13) == pytest.approx(0.040)  # beyond them, on the last slope
     assert cost.seconds(2) == pytest.approx(0.018)
-    assert cost.seconds(9, optimistic=True) == pytest.approx(0.011 * 1.8)
     steep = StepCost()
     steep.observe(1, 0.010)
     for _ in range(3):

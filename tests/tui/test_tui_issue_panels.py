@@ -119,9 +119,10 @@ def rpc_worker() -> Iterator[Worker]:
     worker.stop()
 
 
-async def test_rpc_worker_is_listed_planned_and_loaded_through(
+async def test_rpc_worker_is_listed_and_planned_with(
     cpu_machine: FakeHardware, lone_demo_model: Path, rpc_worker: Worker
 ) -> None:
+    """In this process: probing a worker is a plain connection (nothing is registered)."""
     from homelab.llamacpp.rpc import probe
 
     free = probe(rpc_worker.endpoint).devices[0].free_bytes
@@ -146,14 +147,27 @@ async def test_rpc_worker_is_listed_planned_and_loaded_through(
         remote = plan.memory.device(f"RPC0[{rpc_worker.endpoint}]")
         assert remote.weights_bytes > 0  # part of the model goes to the worker
 
-        await pilot.press("escape", "l")
-        await wait_until(pilot, lambda: app.live.engine is not None, "the load over RPC")
-        engine = app.live.engine
-        assert engine is not None and engine.settings.rpc_servers == (rpc_worker.endpoint,)
-        report = engine.load_report
-        assert report.buffers.model.get(f"RPC0[{rpc_worker.endpoint}]", 0) > 0
-        await wait_until(pilot, lambda: app.live.panel.latest is not None, "live numbers")
-        assert not shown(app, "#live-spec")  # it does not speculate: no speculation line
+
+def test_the_dashboard_loads_through_the_worker(lone_demo_model: Path, rpc_worker: Worker) -> None:
+    """The load registers the worker process-wide, so it runs in a child (as tests/rpc do)."""
+    import json
+
+    child = Path(__file__).with_name("rpc_tui_child.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(child.parent), *sys.path])}
+    result = subprocess.run(
+        [sys.executable, str(child), str(lone_demo_model), rpc_worker.endpoint],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    device = f"RPC0[{rpc_worker.endpoint}]"
+    assert f"worker {rpc_worker.endpoint} · RPC0 · " in document["workers"]
+    assert document["plan_rpc_servers"] == document["loaded_rpc_servers"] == [rpc_worker.endpoint]
+    assert document["planned"][device] > 0
+    assert document["allocated"].get(device, 0) > 0  # llama.cpp put weights on the worker
 
 
 async def test_an_unreachable_worker_is_named(
