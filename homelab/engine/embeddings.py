@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from homelab.engine.api import EngineMetrics
@@ -41,6 +40,7 @@ from homelab.engine.loader import (
 from homelab.engine.prompt_bound import tokenize_within
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo
+from homelab.llamacpp._lib import Closing
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import ContextCreateError
 from homelab.llamacpp.embeddings import CALLER_POOLINGS, EmbeddingContext, EmbeddingParams
@@ -120,7 +120,7 @@ class _EngineWithModel(Protocol):
     def run_on_engine_thread(self, function: Callable[[], T]) -> concurrent.futures.Future[T]: ...
 
 
-class Embedder:
+class Embedder(Closing):
     """Pooled, normalised vectors for token sequences; safe to call from any thread."""
 
     def __init__(
@@ -329,17 +329,6 @@ class Embedder:
         if self._owned_model is not None:
             self._owned_model.close()
 
-    def __enter__(self) -> Embedder:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 class _Admission:
     """At most ``max_waiting`` requests wait for the context; more get BusyError at once."""
@@ -394,7 +383,7 @@ class _NoChat:
         raise self._refusal
 
 
-class EmbeddingModelEngine:
+class EmbeddingModelEngine(Closing):
     """The server's engine surface for an embedding model: embeddings yes, generation no."""
 
     n_slots = 1
@@ -488,14 +477,3 @@ class EmbeddingModelEngine:
 
     def close(self) -> None:
         self._embedder.close()
-
-    def __enter__(self) -> EmbeddingModelEngine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()

@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 
 from homelab.engine.api import EngineMetrics, GenerationRequest
@@ -48,6 +47,7 @@ from homelab.engine.text import StopMatcher
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
+from homelab.llamacpp._lib import Closing
 from homelab.llamacpp.context import Context
 from homelab.settings import Settings
 
@@ -55,7 +55,7 @@ _request_ids = itertools.count(1)
 T = TypeVar("T")
 
 
-class Engine:
+class Engine(Closing):
     """A model loaded with llama.cpp plus the continuous-batching scheduler in front of it."""
 
     def __init__(
@@ -312,17 +312,6 @@ class Engine:
         if self._speculator is not None:
             self._speculator.close()
         self._loaded.close()
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _speculator(

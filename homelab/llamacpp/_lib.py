@@ -13,7 +13,7 @@ import ctypes
 import threading
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 from homelab.errors import EngineError
 from homelab.llamacpp.log import on_log
@@ -75,3 +75,17 @@ def ggml_library(name: str) -> ctypes.CDLL:
 def to_bytes(text: str | Path) -> bytes:
     """A path or string as llama.cpp's C API takes it."""
     return str(text).encode("utf-8")
+
+
+class Closing:
+    """``with`` support for anything that frees itself in ``close()`` (models, contexts, engines):
+    leaving the block closes it, whatever happened inside."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()

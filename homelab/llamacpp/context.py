@@ -10,11 +10,10 @@ attention, head sizes a quantized cache cannot hold, memory).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from homelab.errors import EngineError
-from homelab.llamacpp._lib import lib
+from homelab.llamacpp._lib import Closing, lib
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.ggml_types import ggml_type_id
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
@@ -78,7 +77,7 @@ class ContextCreateError(EngineError):
         )
 
 
-class Context:
+class Context(Closing):
     """A context on a loaded model; free it with :meth:`close` before the model."""
 
     def __init__(
@@ -153,17 +152,6 @@ class Context:
         if self.pointer is not None:
             self._lib.llama_free(self.pointer)
             self.pointer = None
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _c_params(params: ContextParams) -> Any:

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from homelab.errors import EngineError
-from homelab.llamacpp._lib import lib
+from homelab.llamacpp._lib import Closing, lib
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import ContextCreateError, ContextParams
 from homelab.llamacpp.log import capture_log, joined
@@ -62,7 +61,7 @@ class EmbeddingParams:
         )
 
 
-class EmbeddingContext:
+class EmbeddingContext(Closing):
     """An embeddings context on a loaded model; free it with :meth:`close` before the model."""
 
     def __init__(self, pointer: Any, model: Model, params: EmbeddingParams, log_text: str) -> None:
@@ -152,17 +151,6 @@ class EmbeddingContext:
             self._lib.llama_free(self.pointer)
             self.pointer = None
             self._memory = None
-
-    def __enter__(self) -> EmbeddingContext:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _c_params(params: EmbeddingParams) -> Any:

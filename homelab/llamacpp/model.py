@@ -16,11 +16,10 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from homelab.errors import EngineError
-from homelab.llamacpp._lib import lib, to_bytes
+from homelab.llamacpp._lib import Closing, lib, to_bytes
 from homelab.llamacpp.backend import cpu_buffer_type
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
 from homelab.llamacpp.rpc import any_registered, offload_devices, register_workers
@@ -75,7 +74,7 @@ class _BuftOverride(ctypes.Structure):  # struct llama_model_tensor_buft_overrid
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-class Model:
+class Model(Closing):
     """A loaded llama.cpp model; free it with :meth:`close` (or use it as a context manager)."""
 
     def __init__(self, pointer: Any, path: Path, load_log: str, keepalive: list[Any]) -> None:
@@ -116,17 +115,6 @@ class Model:
         if self.pointer is not None:
             self._lib.llama_model_free(self.pointer)
             self.pointer = None
-
-    def __enter__(self) -> Model:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _c_params(params: ModelParams, keepalive: list[Any]) -> Any:
