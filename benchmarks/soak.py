@@ -27,12 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import statistics
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,7 @@ class Tally:
 @dataclass
 class Health:
     latencies_s: list[float] = field(default_factory=list)
+    at_s: list[float] = field(default_factory=list)  # when each check was made, from the start
     failures: list[str] = field(default_factory=list)
 
 
@@ -260,20 +263,41 @@ async def client_loop(
             await asyncio.sleep(min(wait_s, max(0.0, deadline - time.monotonic())))
 
 
-def watch_health(url: str, deadline: float, health: Health) -> None:
-    """Ask /health on its own thread and connection: the clients' event loop, busy opening 64
-    connections at the start, must not be counted as the server's latency."""
+def watch_health(url: str, seconds: float, out: Connection) -> None:
+    """Ask /health on a connection of its own, in a process of its own: neither the clients'
+    event loop nor their GIL may be counted as the server's latency. Sends (offset from the
+    start in s, latency in s, failure or "") for every check, then None."""
+    started = time.monotonic()
     with httpx.Client(base_url=url, timeout=5) as client:
-        while time.monotonic() < deadline:
-            started = time.perf_counter()
+        while time.monotonic() - started < seconds:
+            asked = time.perf_counter()
+            failure = ""
             try:
                 response = client.get("/health")
                 if response.status_code != 200:
-                    health.failures.append(f"status {response.status_code}")
+                    failure = f"status {response.status_code}"
             except httpx.HTTPError as exc:
-                health.failures.append(f"{type(exc).__name__}: {exc}")
-            health.latencies_s.append(time.perf_counter() - started)
+                failure = f"{type(exc).__name__}: {exc}"
+            out.send((time.monotonic() - started, time.perf_counter() - asked, failure))
             time.sleep(HEALTH_EVERY_S)
+    out.send(None)
+    out.close()
+
+
+async def collect_health(url: str, seconds: float, health: Health) -> None:
+    receiver, sender = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    watcher = multiprocessing.get_context("spawn").Process(
+        target=watch_health, args=(url, seconds, sender), daemon=True
+    )
+    watcher.start()
+    sender.close()
+    while (check := await asyncio.to_thread(receiver.recv)) is not None:
+        at_s, latency_s, failure = check
+        health.latencies_s.append(latency_s)
+        health.at_s.append(at_s)
+        if failure:
+            health.failures.append(f"at {at_s:.1f} s: {failure}")
+    await asyncio.to_thread(watcher.join, 10)
 
 
 async def watch_rss(pid: int, deadline: float, samples: list[int]) -> None:
@@ -291,7 +315,7 @@ async def soak(
     names = list(TENANTS)
     started = time.monotonic()
     await asyncio.gather(
-        asyncio.to_thread(watch_health, url, deadline, health),
+        collect_health(url, seconds, health),
         watch_rss(pid, deadline, rss),
         *(
             client_loop(url, TENANTS[names[i % 2]][0], i, i in droppers, deadline, tally)
@@ -347,7 +371,11 @@ def report(
     idle: dict[str, float],
 ) -> str:
     mib = 1 << 20
-    slow = sum(1 for s in health.latencies_s if s > HEALTH_LIMIT_S)
+    slow = [
+        (at, s) for at, s in zip(health.at_s, health.latencies_s, strict=True) if s > HEALTH_LIMIT_S
+    ]
+    slow_at = ", ".join(f"{s * 1000:.0f} ms at {at:.0f} s" for at, s in slow[:5])
+    slow_at = f"({slow_at})" if slow else ""
     refused = ", ".join(f"{count} × {status}" for status, count in sorted(tally.refused.items()))
     ttft = (
         f"{statistics.median(tally.ttft_s) * 1000:.0f} / "
@@ -372,7 +400,7 @@ def report(
             "/health max / p99",
             f"{max(checks) * 1000:.0f} / {percentile(checks, 0.99) * 1000:.0f} ms",
         ),
-        (f"/health over {HEALTH_LIMIT_S * 1000:.0f} ms", str(slow)),
+        (f"/health over {HEALTH_LIMIT_S * 1000:.0f} ms", f"{len(slow)} {slow_at}".strip()),
         ("slots active / queue after", " / ".join(f"{v:.0f}" for v in idle.values()) or "?"),
     ]
     lines = ["| | |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)]
@@ -419,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 "bad": tally.bad,
                 "ttft_s": tally.ttft_s,
                 "health_s": health.latencies_s,
+                "health_at_s": health.at_s,
                 "health_failures": health.failures,
                 "rss_bytes": [*rss, after],
                 "idle": idle,
