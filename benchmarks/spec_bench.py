@@ -1,6 +1,6 @@
 """Speculative decoding: decode tok/s with and without it, and against llama.cpp's own.
 
-    python -m benchmarks.spec_bench [--rounds 3] [--quant Q8_0] [--max-wait 120]
+    python -m benchmarks.spec_bench [--rounds 5] [--quant Q8_0] [--max-wait 120] [--cold]
 
 Target and draft are the generated pair ``demo:spec`` / ``demo:spec-draft`` (the draft is
 the target's own first two layers and head, so greedy agreement is high by construction).
@@ -11,8 +11,12 @@ Two tasks:
   obey, but its own output loops, which prompt lookup also catches);
 - ``fresh``: a short prompt, nothing to copy from but what the model writes itself.
 
-Each engine measurement runs in a fresh process (see ``engine_bench`` for why), waits for the
-CPUs to be mostly idle, and rounds interleave the contenders. Single stream: 128 tokens,
+Steady state (the default, like ``server_bench``): per stream count, one engine per contender
+is loaded and warmed with one unmeasured round (the adaptive policy has measured its costs),
+then the rounds run back to back against those same engines, interleaving the contenders
+round by round; the table gives each contender's median and worst round. ``--cold`` keeps
+the old way: a fresh process per measurement (cold-start medians). Each measurement waits for
+the CPUs to be mostly idle. Single stream: 128 tokens,
 decode tok/s from the first token to the last. Eight streams: eight requests at once, eight
 slots, aggregate decode tok/s once all have their first token. llama.cpp's
 ``llama-speculative-simple`` (built from the same vendored tree, see ``llama_tools``) runs
@@ -128,21 +132,27 @@ def _engine(models: Models, case: Case) -> Engine:
 
 def engine_case(models: Models, case: Case) -> dict[str, float | None]:
     """Decode tok/s (one stream, or the aggregate of all) and what speculation did."""
-    sampling = SamplingParams(max_tokens=N_GEN, ignore_eos=True, **case.sampling)
-    prompt = PROMPTS[case.task]
     with _engine(models, case) as engine:
         engine.submit(GenerationRequest("warm-up", "hello", SamplingParams(max_tokens=4))).collect()
-        before = engine.metrics()
-        started = time.perf_counter()
-        handles = [
-            engine.submit(
-                GenerationRequest(f"t{i}", prompt if i == 0 else f"{i} {prompt}", sampling)
-            )
-            for i in range(case.streams)  # distinct prompts and tenants: no shared prefix
-        ]
-        finishes = [handle.collect().finish for handle in handles]
-        ended = time.perf_counter()
-        after = engine.metrics()
+        return engine_round(engine, case, 0)
+
+
+def engine_round(engine: Engine, case: Case, round_index: int) -> dict[str, float | None]:
+    """One round of ``case`` against a loaded engine; each round's prompts are new (no
+    prefix-cache hit from an earlier round)."""
+    sampling = SamplingParams(max_tokens=N_GEN, ignore_eos=True, **case.sampling)
+    prompt = PROMPTS[case.task]
+    before = engine.metrics()
+    started = time.perf_counter()
+    handles = [
+        engine.submit(
+            GenerationRequest(f"r{round_index}t{i}", f"[{round_index}.{i}] {prompt}", sampling)
+        )
+        for i in range(case.streams)  # distinct prompts: no shared prefix
+    ]
+    finishes = [handle.collect().finish for handle in handles]
+    ended = time.perf_counter()
+    after = engine.metrics()
     drafted = after.draft_tokens_total - before.draft_tokens_total
     accepted = after.accepted_draft_tokens_total - before.accepted_draft_tokens_total
     decoded = after.decode_tokens_total - before.decode_tokens_total
@@ -293,23 +303,74 @@ def measure(
     return series
 
 
+def measure_steady(
+    models: Models,
+    rounds: int,
+    min_idle: float,
+    max_wait_s: float,
+    with_llama: bool,
+    only: tuple[str, ...] = (),
+) -> dict[str, dict[str, Series]]:
+    """Per stream count: load every contender once, warm it, then interleave the rounds."""
+    series: dict[str, dict[str, Series]] = {}
+    chosen = [(_name(case), case) for case in CASES]
+    chosen = [(n, c) for n, c in chosen if not only or any(o in n for o in only)]
+    for streams in sorted({case.streams for _, case in chosen}):
+        group = [(n, c) for n, c in chosen if c.streams == streams]
+        engines = [_engine(models, case) for _, case in group]
+        try:
+            for engine, (_, case) in zip(engines, group, strict=True):
+                engine_round(engine, case, -1)  # warm-up: unmeasured
+            for round_index in range(rounds):
+                print(f"{streams} stream(s): round {round_index + 1}/{rounds}", flush=True)
+                for engine, (name, case) in zip(engines, group, strict=True):
+                    idle = wait_for_quiet(min_idle, max_wait_s, print)
+                    _record(series, name, engine_round(engine, case, round_index), idle)
+        finally:
+            for engine in engines:
+                engine.close()
+    if with_llama:
+        tools = [(n, t) for n, t in plan(models, True) if not n[0].isdigit()]
+        for _ in range(rounds):
+            for name, take in tools:
+                idle = wait_for_quiet(min_idle, max_wait_s, print)
+                try:
+                    _record(series, name, take(), idle)
+                except (RuntimeError, subprocess.SubprocessError) as failure:
+                    print(f"  {name:<62} failed: {str(failure).splitlines()[0]}", flush=True)
+    return series
+
+
+def _name(case: Case) -> str:
+    return f"{case.streams} stream(s) · {case.task} · {case.label}"
+
+
+def _record(series: dict[str, dict[str, Series]], name: str, result: Result, idle: float) -> None:
+    for key, value in result.items():
+        if value is not None:
+            series.setdefault(name, {}).setdefault(key, Series(key, "")).values.append(value)
+    print(f"  {name:<62} {result['tok_s']:8.1f} tok/s  acceptance "
+          f"{_pct(result['acceptance'])}  (CPUs {idle:.0%} idle)", flush=True)  # fmt: skip
+
+
 def _pct(value: float | None) -> str:
     return "  —  " if value is None else f"{value:5.0%}"
 
 
 def table(series: dict[str, dict[str, Series]]) -> str:
     lines = [
-        "| measurement | tok/s best | tok/s median | vs plain (best) | acceptance | tokens/step |",
+        "| measurement | tok/s median | tok/s worst | vs plain (median) | acceptance | "
+        "tokens/step |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for name, values in series.items():
         tok_s = values["tok_s"]
         base = _baseline(series, name)
-        ratio = f"{tok_s.best / base:.2f}×" if base else ""
+        ratio = f"{tok_s.median / base:.2f}×" if base else ""
         acceptance = values.get("acceptance")
         per_step = values.get("tokens_per_step")
         lines.append(
-            f"| {name} | {tok_s.best:.1f} | {tok_s.median:.1f} | {ratio} | "
+            f"| {name} | {tok_s.median:.1f} | {min(tok_s.values):.1f} | {ratio} | "
             f"{_pct(acceptance.median) if acceptance else '—'} | "
             f"{f'{per_step.median:.2f}' if per_step else '—'} |"
         )
@@ -317,22 +378,25 @@ def table(series: dict[str, dict[str, Series]]) -> str:
 
 
 def _baseline(series: dict[str, dict[str, Series]], name: str) -> float | None:
-    """The best tok/s of the matching no-speculation row (same streams, task, sampling)."""
+    """The median tok/s of the matching no-speculation row (same streams, task, sampling)."""
     if name.startswith("llama-speculative"):
         base = series.get("llama-bench tg128 (no speculation)")
-        return base["tok_s"].best if base else None
+        return base["tok_s"].median if base else None
     if " · " not in name:
         return None
     streams, task, label = name.split(" · ")
     plain = "plain, T=0.8" if "T=0.8" in label else "plain"
     base = series.get(f"{streams} · {task} · {plain}")
-    return base["tok_s"].best if base and label != plain else None
+    return base["tok_s"].median if base and label != plain else None
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--cold", action="store_true", help="a fresh process per measurement (cold start)"
+    )
     parser.add_argument("--quant", default="Q8_0")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--min-idle", type=float, default=0.8)
@@ -347,7 +411,8 @@ def main(argv: list[str] | None = None) -> None:
     with open("/proc/loadavg") as load:
         print(f"target {models.target.name}, draft {models.draft.name}; load {load.read().strip()}")
     only = tuple(part for part in args.only.split(",") if part)
-    series = measure(models, args.rounds, args.min_idle, args.max_wait, not args.no_llama, only)
+    run = measure if args.cold else measure_steady
+    series = run(models, args.rounds, args.min_idle, args.max_wait, not args.no_llama, only)
     print(table(series))
     out = HERE / "out"
     out.mkdir(exist_ok=True)

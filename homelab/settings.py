@@ -35,6 +35,11 @@ class Settings:
     # planner's explicit tensor split over the offload devices (empty: llama.cpp's default)
     rpc_servers: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    # how llama.cpp spreads offloaded layers over several devices: "layer" (by the split),
+    # "none" (all on offload device main_gpu: RPC devices first, then local GPUs), "row"
+    # (CUDA only: each matrix split by rows)
+    split_mode: str = "layer"
+    main_gpu: int = 0
 
     def __post_init__(self) -> None:  # lists from JSON (the dry run, records) become tuples
         object.__setattr__(self, "rpc_servers", tuple(self.rpc_servers))

@@ -18,6 +18,7 @@ from homelab.units import format_size
 if TYPE_CHECKING:
     from homelab.engine.api import SamplingParams
     from homelab.engine.speculation import SpeculationConfig
+    from homelab.gguf.model import ModelInfo
     from homelab.models.fetch import Confirm, DownloadOffer
     from homelab.models.launch import Overrides
     from homelab.models.ref import ModelRef
@@ -170,6 +171,20 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="memory each RPC worker device may hold (default: its free memory minus --margin)",
     )
+    group.add_argument(
+        "--split-mode",
+        choices=("layer", "row", "none"),
+        default="layer",
+        help="how layers spread over several GPUs/workers: by layer (default), by row "
+        "(CUDA only), or none (all on --main-gpu)",
+    )
+    group.add_argument(
+        "--main-gpu",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --split-mode none: the offload device to use, from 0 (RPC workers first)",
+    )
 
 
 def rpc_endpoints(args: argparse.Namespace) -> tuple[str, ...]:
@@ -186,7 +201,7 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
     from homelab.planner.rules import parse_kv
     from homelab.planner.search import PlanRequest
 
-    return PlanRequest(
+    request = PlanRequest(
         goal=args.goal,
         ctx=parse_tokens(args.ctx) if args.ctx else None,
         parallel=positive(args.parallel, "--parallel"),
@@ -196,7 +211,10 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         n_cpu_moe=args.n_cpu_moe,
         flash_attn=False if args.no_flash_attn else None,
         n_ubatch=positive(args.n_ubatch, "--n-ubatch"),
+        split_mode=args.split_mode,
+        main_gpu=args.main_gpu,
     )
+    return with_draft(request, args)
 
 
 def hardware(args: argparse.Namespace) -> Hardware:
@@ -297,6 +315,34 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_draft_flag(parser: argparse.ArgumentParser) -> None:
+    """``homelab plan --draft MODEL``: plan the draft's memory beside the model."""
+    parser.add_argument(
+        "--draft",
+        metavar="MODEL",
+        help="plan with this speculative draft model loaded beside (any MODEL form, on disk)",
+    )
+
+
+def with_draft(request: PlanRequest, args: argparse.Namespace) -> PlanRequest:
+    """``request`` with the ``--draft`` model's header, so the plan counts its memory."""
+    draft = getattr(args, "draft", None)
+    if not draft:
+        return request
+    from dataclasses import replace
+
+    from homelab.gguf.reader import read_model
+
+    return replace(request, draft=read_model(model_ref(draft).local_path()))
+
+
+def draft_candidates() -> list[tuple[str, ModelInfo]]:
+    """The local library's models (name, header) a plan may suggest as a draft."""
+    from homelab.hub.library import list_local_models
+
+    return [(m.name, m.info) for m in list_local_models() if m.info is not None]
+
+
 def speculation(args: argparse.Namespace) -> SpeculationConfig | None:
     """The flags as a SpeculationConfig; None without ``--spec`` or ``--draft``."""
     spec, draft = getattr(args, "spec", None), getattr(args, "draft", None)
@@ -333,6 +379,8 @@ def unplanned_settings(args: argparse.Namespace) -> Settings:
         n_ubatch=positive(args.n_ubatch, "--n-ubatch") or Settings.n_ubatch,
         n_threads=args.threads,
         rpc_servers=rpc_endpoints(args),
+        split_mode=args.split_mode,
+        main_gpu=args.main_gpu,
     )
 
 

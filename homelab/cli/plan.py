@@ -19,6 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_target_hardware(parser)
     parser.add_argument("--no-verify", action="store_true", help="skip the llama.cpp dry run")
     flags.add_plan_flags(parser)
+    flags.add_draft_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,9 +27,12 @@ def run(args: argparse.Namespace) -> int:
     from homelab.planner.render import render_plan
 
     hardware = flags.hardware(args)
-    request = flags.plan_request(args)
+    request = flags.plan_request(args)  # with --draft's header
     variants = flags.model_ref(args.model).variants()
-    plan = plan_model(variants, hardware, request, verify=not args.no_verify)
+    candidates = flags.draft_candidates() if request.draft is None else []
+    plan = plan_model(
+        variants, hardware, request, verify=not args.no_verify, draft_candidates=candidates
+    )
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:

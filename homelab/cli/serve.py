@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 import threading
 from dataclasses import replace
@@ -151,6 +152,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     )
     loader.start()
     _announce_start(args, config, keys_path, new_key)
+    _exit_cleanly_on_sigterm()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:
@@ -159,6 +161,16 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     if holder.failure is not None:
         raise holder.failure
     return 0
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """uvicorn re-raises the SIGTERM that stopped it once it has shut down; without a handler
+    of ours that kills the process before the engine is closed. Make it an orderly exit 0."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:

@@ -24,6 +24,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT[,...]",
         help="also plan and load over these llama.cpp RPC workers (`homelab worker`)",
     )
+    parser.add_argument(
+        "--rpc-budget",
+        metavar="BYTES",
+        help="memory each RPC worker device may hold (default: its free memory minus 256MiB)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         _downloaded(args),
         speculation=flags.speculation(args),
         rpc=flags.rpc_endpoints(args),
+        rpc_budget_bytes=flags.size(args.rpc_budget),
     ).run()
     return 0
 

@@ -78,6 +78,7 @@ class FinishEvent:
     reason: FinishReason
     stats: RequestStats
     error: str | None = None  # set when reason == "error" (safe to show the user)
+    fatal: bool = False  # the engine can serve nothing more (a lost RPC worker): see error
 
 
 @dataclass(frozen=True)

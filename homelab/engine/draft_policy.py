@@ -22,6 +22,18 @@ across all sequences; with the best ``n`` of them a step yields ``B + Σ gains``
 the best rate wins — ``0``, plain decoding, when speculation loses. After
 :data:`PROBE_INTERVAL` plain steps one plan assumes a high acceptance, so a draft that
 became good again is noticed (the costs are measured, and stay true).
+
+**Verdict.** The plan trusts a model of the step; what it leaves out (drafting and lookup
+overhead in Python, sampling every verified row, acceptance below the geometric model) can
+make speculation lose while the model says it wins. So :class:`StepVerdict` measures whole
+engine steps — from the proposal to the end of the target's decode, seconds per emitted
+token — separately for steps that speculated and steps that did not, per number of
+generating sequences (a few plain steps are taken once to compare with, if the plan never
+chose one). When speculating steps are measurably slower (by
+:data:`VERDICT_MARGIN`), speculation is off for that many sequences for
+:data:`BACKOFF_STEPS` steps, doubling (up to :data:`MAX_BACKOFF_STEPS`) each time a probe
+after the pause loses again, and back to the start when one wins; the optimistic plans
+wait as long once speculation lost at that batch size.
 """
 
 from __future__ import annotations
@@ -43,6 +55,11 @@ PROBE_INTERVAL = 64  # plain steps between optimistic plans
 PROBE_ACCEPTANCE = 0.9
 RECENT = 7  # measurements kept per row count
 TRUSTED = 3  # batch measurements before batch times are believed (the first are slow)
+VERDICT_SAMPLES = 4  # whole steps of each kind measured before a verdict
+VERDICT_RECENT = 9  # whole-step measurements kept per kind and batch size
+VERDICT_MARGIN = 0.02  # speculating steps must be this much faster per token to stay on
+BACKOFF_STEPS = 128  # plain steps after speculation was measured to lose
+MAX_BACKOFF_STEPS = 4096
 
 
 @dataclass
@@ -115,6 +132,72 @@ class StepCost:
         return max(self._typical[low] + slope * (rows - low), 0.0)
 
 
+@dataclass
+class _Verdict:
+    """Whole-step seconds per emitted token at one batch size, by kind of step."""
+
+    plain: deque[float]
+    speculating: deque[float]
+    paused: int = 0  # plain steps still to go before speculation may be tried again
+    backoff: int = BACKOFF_STEPS  # the next pause, if the next probe loses too
+
+
+class StepVerdict:
+    """Whether speculating steps, measured whole, beat plain ones (per batch size)."""
+
+    def __init__(self) -> None:
+        self._by_sequences: dict[int, _Verdict] = {}
+
+    def _at(self, n_sequences: int) -> _Verdict:
+        if n_sequences not in self._by_sequences:
+            self._by_sequences[n_sequences] = _Verdict(
+                deque(maxlen=VERDICT_RECENT), deque(maxlen=VERDICT_RECENT)
+            )
+        return self._by_sequences[n_sequences]
+
+    def paused(self, n_sequences: int) -> bool:
+        """Whether this step must be plain at this batch size: speculation was measured to
+        lose (counts the pause down), or plain steps are needed to compare with."""
+        verdict = self._at(n_sequences)
+        if len(verdict.speculating) >= VERDICT_SAMPLES and len(verdict.plain) < VERDICT_SAMPLES:
+            return True  # a control measurement: a few plain steps, once
+        if verdict.paused <= 0:
+            return False
+        verdict.paused -= 1
+        if verdict.paused == 0:
+            verdict.speculating.clear()  # the probe is judged on fresh measurements
+        return True
+
+    def probe_interval(self, n_sequences: int) -> int:
+        """Plain steps between optimistic plans: longer once speculation lost here."""
+        verdict = self._at(n_sequences)
+        return PROBE_INTERVAL if verdict.backoff <= BACKOFF_STEPS else verdict.backoff
+
+    def observe(self, n_sequences: int, speculated: bool, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        verdict = self._at(n_sequences)
+        (verdict.speculating if speculated else verdict.plain).append(seconds / tokens)
+        if verdict.paused <= 0:
+            self._judge(verdict)
+
+    @staticmethod
+    def _judge(verdict: _Verdict) -> None:
+        if min(len(verdict.plain), len(verdict.speculating)) < VERDICT_SAMPLES:
+            return
+        plain, speculating = _median(verdict.plain), _median(verdict.speculating)
+        if speculating * (1.0 + VERDICT_MARGIN) <= plain:
+            verdict.backoff = BACKOFF_STEPS  # it wins: a later loss pauses briefly again
+            return
+        verdict.paused = verdict.backoff
+        verdict.backoff = min(2 * verdict.backoff, MAX_BACKOFF_STEPS)
+
+
+def _median(values: deque[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 class DraftPolicy:
     """Draft lengths per step from acceptance estimates and measured step costs."""
 
@@ -125,6 +208,7 @@ class DraftPolicy:
         self.target = StepCost()
         self.draft = StepCost()
         self.engine = Acceptance()
+        self.verdict = StepVerdict()
         self._plain_steps = 0
 
     def acceptance(self, sequence: Acceptance) -> float:
@@ -137,8 +221,10 @@ class DraftPolicy:
         limits = [max(0, min(limit, self.max_draft_tokens)) for _, limit in sequences]
         if not self.adaptive:
             return _within(limits, room)
+        if self.verdict.paused(len(sequences)):
+            return [0] * len(sequences)
         alphas = [self.acceptance(acceptance) for acceptance, _ in sequences]
-        probe = self._plain_steps >= PROBE_INTERVAL
+        probe = self._plain_steps >= self.verdict.probe_interval(len(sequences))
         if probe:
             alphas = [max(alpha, PROBE_ACCEPTANCE) for alpha in alphas]
         lengths = self._best_lengths(alphas, limits, room)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,11 +48,14 @@ from homelab.engine.text import StopMatcher
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
+from homelab.llamacpp import abort as rpc_abort
 from homelab.llamacpp._lib import Closing
 from homelab.llamacpp.context import Context
+from homelab.llamacpp.rpc import worker_lost
 from homelab.settings import Settings
 
 _request_ids = itertools.count(1)
+log = logging.getLogger("homelab.engine")
 T = TypeVar("T")
 
 
@@ -105,6 +109,8 @@ class Engine(Closing):
         self._closed = False
         self.embedder: Any = None  # an Embedder on this model (see engine/embeddings.py)
         self._close_lock = threading.Lock()
+        self._failure: EngineError | None = None
+        self._unwatch = self._watch_workers()
         self._scheduler.start()
 
     # --- construction ------------------------------------------------------------------
@@ -215,6 +221,8 @@ class Engine(Closing):
     def submit(self, request: GenerationRequest) -> RequestHandle:
         """Queue a request; raises before any compute when it cannot be served."""
         submitted = time.perf_counter()
+        if self._failure is not None:
+            raise self._failure
         if self._closed or self._scheduler.closing:
             raise EngineError("the engine is closed")
         prompt = self._prompt_tokens(request)
@@ -267,6 +275,24 @@ class Engine(Closing):
                 hint="Shorten the prompt, lower max_tokens, or plan a longer context per slot.",
             )
 
+    # --- a lost RPC worker ---------------------------------------------------------------
+
+    @property
+    def failure(self) -> str | None:
+        """Why this engine can serve nothing more (a lost RPC worker), or None."""
+        return str(self._failure) if self._failure is not None else None
+
+    def _watch_workers(self) -> Callable[[], None]:
+        if not self.settings.rpc_servers:
+            return lambda: None
+        return rpc_abort.watch(self._lose_worker)
+
+    def _lose_worker(self, abort_message: str) -> None:
+        """llama.cpp lost a worker (on the aborting thread, which then parks for good)."""
+        self._failure = worker_lost(self.settings.rpc_servers, abort_message)
+        log.error("%s", self._failure)
+        self._scheduler.fail(str(self._failure))
+
     # --- metrics ---------------------------------------------------------------------------
 
     def metrics(self) -> EngineMetrics:
@@ -304,9 +330,10 @@ class Engine(Closing):
             if self._closed:
                 return
             self._closed = True
+        self._unwatch()
         self._scheduler.close()
-        if self._scheduler.thread_alive:  # a decode that never returns: leak, don't crash
-            return
+        if self._failure is not None or self._scheduler.thread_alive:
+            return  # a decode that never returns (a lost worker): leak, don't free or join
         if self.embedder is not None:  # its context lives on our model: free it first
             self.embedder.close()
         if self._speculator is not None:

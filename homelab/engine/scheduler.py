@@ -250,6 +250,7 @@ class Scheduler:
         self._decoding: list[Job] = []
         self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _cv)
         self._closing = False
+        self.failure: str | None = None  # set by fail(): this context can never compute again
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._pieces: dict[int, bytes] = {}
         self._batch = Batch(config.n_batch)
@@ -306,6 +307,8 @@ class Scheduler:
         with self._cv:
             self._closing = True
             self._cv.notify()
+        if self.failure is not None:  # the thread may be parked inside llama.cpp: never join
+            return
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         if not self._thread.is_alive():
@@ -314,6 +317,31 @@ class Scheduler:
     @property
     def thread_alive(self) -> bool:
         return self._thread.is_alive()
+
+    def fail(self, reason: str) -> None:
+        """The context can never compute again (a lost RPC worker): end every request with
+        ``reason`` and refuse new ones. Called from another thread while the scheduler thread
+        is stuck inside ``llama_decode``, so it touches no llama.cpp object (slots, sampler
+        chains): those leak with the context."""
+        with self._cv:
+            self.failure = reason
+            self._closing = True
+            jobs = [*self._decoding, *self._prefilling, *self._waiting, *self._incoming]
+            self._incoming.clear()
+            calls = list(self._calls)
+            self._cv.notify()
+        for job in jobs:
+            self._abandon(job, reason)
+        for _, future in calls:
+            future.cancel()
+
+    def _abandon(self, job: Job, reason: str) -> None:
+        if job.handle.finished:
+            return
+        job.clock.finished = time.perf_counter()
+        self._meter.record_finish("error")
+        job.handle.finished = True
+        job.handle.push(FinishEvent("error", job.clock.stats(), reason, fatal=True))
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -327,8 +355,11 @@ class Scheduler:
                 log.exception("engine step failed")
                 for job in [*self._decoding, *self._prefilling]:
                     self._fail(job, f"internal engine error: {exc}")
+            if self.failure is not None:
+                return  # fail() ended every request; llama.cpp must not be touched again
             self._meter.publish_due(time.perf_counter())
-        self._shutdown()
+        if self.failure is None:
+            self._shutdown()
 
     def _wait_for_work(self) -> bool:
         """Move new jobs in; sleep (publishing metrics on time) while there is nothing to do."""
@@ -472,6 +503,8 @@ class Scheduler:
     def _decode(self, parts: list[_Part]) -> None:
         started = time.perf_counter()
         status = self._context.decode(self._fill(parts))
+        if self.failure is not None:
+            return
         if status != 0:
             self._recover(parts, status)
             return

@@ -23,6 +23,7 @@ Rejected tokens are dropped from both caches, so a target whose memory cannot dr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +211,20 @@ class NgramDrafter:
 # --- the scheduler's side ------------------------------------------------------------------
 
 
+@dataclass
+class _StepTally:
+    """One engine step, from the proposal to the end of the target's decode."""
+
+    started: float
+    n_sequences: int
+    drafting: int  # sequences that proposed a draft
+    tokens: int  # emitted so far: one per plain sequence, accepted + 1 per drafting one
+    unsettled: int = 0  # drafts whose verdict has not come yet
+
+    def __post_init__(self) -> None:
+        self.unsettled = self.drafting
+
+
 @dataclass(eq=False)
 class SequenceSpeculation:
     """One request's speculation state."""
@@ -250,6 +265,7 @@ class Speculator:
         )
         self.draft_model = draft_model
         self._eog = eog_tokens
+        self._step: _StepTally | None = None  # the step being measured whole
 
     @property
     def kind(self) -> SpeculationKind:
@@ -270,12 +286,15 @@ class Speculator:
 
     def propose(self, requests: list[DraftRequest], room: int) -> None:
         """Set each request's ``state.proposal`` (None: decode plainly this step)."""
+        started = time.perf_counter()
         for request in requests:
             request.state.proposal = None
         if self.draft_model is None:
             self._lookup(requests, room)
         else:
             self._draft(requests, room)
+        drafting = sum(1 for request in requests if request.state.proposal is not None)
+        self._step = _StepTally(started, len(requests), drafting, len(requests) - drafting)
 
     def _plan(self, requests: list[DraftRequest], limits: list[int], room: int) -> None:
         sequences = [
@@ -312,9 +331,21 @@ class Speculator:
             self.draft_model.draft(drafting, self.policy.draft, self._eog)
 
     def record_target_step(self, rows: int, seconds: float) -> None:
+        """A decode-only step ended: its decode's cost, and the whole step's for the verdict."""
         self.policy.target.observe(rows, seconds)
+        step, self._step = self._step, None
+        if step is None or not self.config.adaptive:
+            return
+        if step.unsettled == 0:  # every draft of this step was verified
+            seconds_whole = time.perf_counter() - step.started
+            speculated = step.drafting > 0
+            self.policy.verdict.observe(step.n_sequences, speculated, step.tokens, seconds_whole)
 
     def settle(self, state: SequenceSpeculation, drafted: int, accepted: int) -> None:
+        step = self._step
+        if step is not None:
+            step.tokens += accepted + 1
+            step.unsettled -= 1
         if self.config.adaptive:
             self.policy.settle(state.acceptance, drafted, accepted)
 

@@ -38,6 +38,8 @@ class ModelParams:
     allocate: bool = True  # False: the dry run (sizes logged, nothing read or allocated)
     rpc_servers: tuple[str, ...] = ()  # RPC workers whose devices come first (registered)
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device
+    split_mode: str = "layer"  # "layer", "row" (CUDA: matrices split by rows), "none"
+    main_gpu: int = 0  # the one offload device of split_mode "none"
 
     @classmethod
     def from_settings(cls, settings: Settings, *, allocate: bool = True) -> ModelParams:
@@ -47,6 +49,8 @@ class ModelParams:
             allocate,
             tuple(settings.rpc_servers),
             tuple(float(share) for share in settings.tensor_split),
+            settings.split_mode,
+            settings.main_gpu,
         )
 
 
@@ -128,11 +132,25 @@ def _c_params(params: ModelParams, keepalive: list[Any]) -> Any:
         c_params.tensor_buft_overrides = _expert_overrides(params.n_cpu_moe, keepalive)
     if params.rpc_servers or any_registered():  # workers of an earlier load stay registered
         c_params.devices = _device_list(offload_devices(params.rpc_servers), keepalive)
-    if params.tensor_split:
+    c_params.split_mode = _split_mode_id(params.split_mode)
+    c_params.main_gpu = params.main_gpu
+    if params.tensor_split and params.split_mode != "none":  # none: one device, no split
         shares = (ctypes.c_float * module.llama_max_devices())(*params.tensor_split)
         keepalive.append(shares)
         c_params.tensor_split = ctypes.cast(shares, ctypes.POINTER(ctypes.c_float))
     return c_params
+
+
+SPLIT_MODE_IDS = {"none": 0, "layer": 1, "row": 2}  # enum llama_split_mode
+
+
+def _split_mode_id(split_mode: str) -> int:
+    if split_mode not in SPLIT_MODE_IDS:
+        raise EngineError(
+            f"split mode {split_mode!r} is not one llama.cpp knows",
+            hint=f"Use one of: {', '.join(SPLIT_MODE_IDS)}.",
+        )
+    return SPLIT_MODE_IDS[split_mode]
 
 
 def _device_list(devices: list[int], keepalive: list[Any]) -> int:

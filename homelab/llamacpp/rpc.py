@@ -8,14 +8,18 @@ logged as ``RPC<d>[HOST:PORT]`` — and a model's layers can be split over them.
 llama.cpp aborts the whole process when it cannot connect to a worker or the worker speaks
 another protocol version. So before any ggml call touches an endpoint, :func:`probe` does the
 handshake itself from Python (a HELLO and a device count, with a timeout) and turns each
-failure into an :class:`RpcError` that names the worker. The protocol has no authentication:
-a worker must only be reachable over loopback or a private link.
+failure into an :class:`RpcError` that names the worker. A worker lost *while in use* is
+llama.cpp's abort too: ``homelab.llamacpp.abort`` keeps the process alive, and
+:func:`worker_lost` names the worker gone (:func:`serves_a_client` asks each one). The
+protocol has no authentication: a worker must only be reachable over loopback or a private
+link.
 
     RpcError            (EngineError)
       RpcUnavailable        this llama.cpp build has no RPC backend (built without GGML_RPC)
       WorkerUnreachable     nothing answers at the endpoint (or it is not an RPC worker)
       WorkerBusy            it accepted the connection but serves another client
       WorkerVersionMismatch it speaks another RPC protocol version
+      WorkerLost            a worker in use went away (the engine over it is failed)
 """
 
 from __future__ import annotations
@@ -23,13 +27,12 @@ from __future__ import annotations
 import ctypes
 import socket
 import struct
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from homelab.errors import EngineError
+from homelab.llamacpp import abort
 from homelab.llamacpp._lib import ggml_library, to_bytes
 
 # ggml-rpc.h of the vendored llama.cpp: a client and a worker must agree on the major
@@ -278,41 +281,56 @@ def register_workers(endpoints: tuple[str, ...] | list[str]) -> tuple[WorkerInfo
             ggml.ggml_backend_register.argtypes = [ctypes.c_void_p]
             ggml.ggml_backend_register(registry)
             _registered[info.endpoint] = int(registry)
-        _explain_aborts()
+    abort.install()  # a worker lost later ends the engine, not the process
     return infos
 
 
-_ABORT_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-_abort_callback: Any = None  # kept alive: ggml calls it from any thread
+# --- a worker lost while in use -----------------------------------------------------------
+
+LOSS_PROBE_TIMEOUT_S = 1.0
 
 
-def _explain_aborts() -> None:
-    """Say, before llama.cpp aborts the process, that a worker was lost and what to do.
+class WorkerLost(RpcError):
+    """A worker in use stopped answering; llama.cpp cannot go on without it (see ``abort``)."""
 
-    llama.cpp's RPC client has no error path: a worker that dies or drops the connection
-    mid-request ends this process (``GGML_ABORT``). ggml lets us print our message first.
-    """
-    global _abort_callback
-    if _abort_callback is not None:
-        return
+    title = "RPC worker lost"
 
-    def explain(message: bytes | None) -> None:
-        text = (message or b"").decode(errors="replace")
-        workers = ", ".join(_registered) or "none"
-        sys.stderr.write(f"llama.cpp: {text}\n")
-        if "RPC" in text or "connect" in text.lower():
-            sys.stderr.write(
-                f"homelab: lost an RPC worker ({workers}): llama.cpp cannot continue without "
-                "it, so this process ends and its requests fail. Restart the worker, then "
-                "this command.\n"
-            )
-        sys.stderr.flush()
+    def __init__(self, lost: tuple[str, ...], candidates: tuple[str, ...], detail: str) -> None:
+        self.lost = lost
+        who = ", ".join(lost or candidates)
+        subject = f"RPC worker {who}" if lost else f"One of the RPC workers ({who})"
+        super().__init__(
+            f"{subject} lost during generation ({detail}) — restart the worker, then restart "
+            "homelab serve (or the homelab command that used it).",
+            hint="llama.cpp cannot recover a model whose worker went away: the engine "
+            "refuses new requests until this process is restarted.",
+        )
 
-    _abort_callback = _ABORT_CALLBACK(explain)
-    base = ggml_library("ggml-base")
-    base.ggml_set_abort_callback.restype = ctypes.c_void_p
-    base.ggml_set_abort_callback.argtypes = [_ABORT_CALLBACK]
-    base.ggml_set_abort_callback(_abort_callback)
+
+def worker_lost(endpoints: tuple[str, ...] | list[str], abort_message: str) -> WorkerLost:
+    """The error for llama.cpp's RPC abort ``abort_message``, naming the workers gone."""
+    candidates = tuple(parse_endpoint(endpoint) for endpoint in endpoints)
+    lost = tuple(endpoint for endpoint in candidates if not serves_a_client(endpoint))
+    detail = abort_message.rpartition(": ")[2].strip() or "no answer"
+    return WorkerLost(lost, candidates, f"llama.cpp: {detail}")
+
+
+def serves_a_client(endpoint: str, timeout_s: float = LOSS_PROBE_TIMEOUT_S) -> bool:
+    """Whether the worker at ``endpoint`` is up and busy with a client — this process, which
+    still holds its connection. A worker serves one client at a time, so one that answers our
+    HELLO (restarted) is no longer ours, and one that refuses is gone."""
+    try:
+        connection = socket.create_connection((_host_of(endpoint), port_of(endpoint)), timeout_s)
+    except OSError:
+        return False
+    with connection:
+        try:
+            _hello(connection, endpoint)
+        except WorkerBusy:
+            return True
+        except RpcError:
+            return False
+    return False
 
 
 def any_registered() -> bool:

@@ -83,9 +83,23 @@ def open_engine(
     overrides: Overrides | None = None,
     **engine_options: Any,
 ) -> tuple[Engine, Plan]:
-    """Plan ``ref``'s file for ``hardware`` (default: this machine) and load the plan."""
-    plan = plan_file(ref, request, hardware)
+    """Plan ``ref``'s file for ``hardware`` (default: this machine) and load the plan; a draft
+    model in ``overrides.speculation`` is part of the plan (its memory, its vocabulary)."""
+    plan = plan_file(ref, with_draft(request, overrides), hardware)
     return load_plan(ref, plan, overrides, **engine_options), plan
+
+
+def with_draft(request: PlanRequest | None, overrides: Overrides | None) -> PlanRequest | None:
+    """``request`` with the header of the draft ``overrides`` speculates with, if any."""
+    speculation = overrides.speculation if overrides is not None else None
+    if speculation is None or speculation.draft_path is None:
+        return request
+    if request is not None and request.draft is not None:
+        return request
+    from homelab.gguf.reader import read_model
+    from homelab.planner.search import PlanRequest
+
+    return replace(request or PlanRequest(), draft=read_model(speculation.draft_path))
 
 
 def load_unplanned(ref: ModelRef, settings: Settings, **engine_options: Any) -> Engine:

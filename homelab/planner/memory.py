@@ -18,14 +18,14 @@ Each layer's KV cache and recurrent state live on the device holding that layer 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Device, Hardware
 from homelab.planner.cache import kv_bytes_by_layer, recurrent_bytes_by_layer
 from homelab.planner.compute import GraphPart, compute_bytes, graph_facts
 from homelab.planner.geometry import cache_geometry
-from homelab.planner.placement import layer_devices, weight_table
+from homelab.planner.placement import layer_devices, offload_split, unused_devices, weight_table
 from homelab.settings import Settings
 
 F32 = 4
@@ -44,6 +44,7 @@ class DeviceMemory:
     recurrent_bytes: int
     compute_bytes: int
     overhead_bytes: int
+    draft_bytes: int = 0  # the speculative draft's weights, KV, compute and logits here
 
     @property
     def total_bytes(self) -> int:
@@ -53,6 +54,7 @@ class DeviceMemory:
             + self.recurrent_bytes
             + self.compute_bytes
             + self.overhead_bytes
+            + self.draft_bytes
         )
 
     @property
@@ -74,15 +76,22 @@ class DeviceMemory:
             "recurrent_bytes": self.recurrent_bytes,
             "compute_bytes": self.compute_bytes,
             "overhead_bytes": self.overhead_bytes,
+            "draft_bytes": self.draft_bytes,
             "total_bytes": self.total_bytes,
         }
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Per-device memory of one configuration; the host (CPU) first."""
+    """Per-device memory of one configuration; the host (CPU) first. With a speculative
+    draft, ``draft`` is the draft's own estimate (each device's ``draft_bytes`` sums it)."""
 
     devices: tuple[DeviceMemory, ...]
+    draft: MemoryEstimate | None = None
+
+    @property
+    def draft_bytes(self) -> int:
+        return sum(d.draft_bytes for d in self.devices)
 
     @property
     def weights_bytes(self) -> int:
@@ -121,7 +130,7 @@ class MemoryEstimate:
         return next(d for d in self.devices if d.name == name)
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        document: dict[str, object] = {
             "weights_bytes": self.weights_bytes,
             "kv_bytes": self.kv_bytes,
             "recurrent_bytes": self.recurrent_bytes,
@@ -130,13 +139,23 @@ class MemoryEstimate:
             "total_bytes": self.total_bytes,
             "devices": [d.to_dict() for d in self.devices],
         }
+        if self.draft is not None:
+            document["draft_bytes"] = self.draft_bytes
+            document["draft"] = self.draft.to_dict()
+        return document
 
 
 class MemoryModel:
     """A model's memory facts, computed once so that a search can estimate many settings fast."""
 
-    def __init__(self, model: ModelInfo, compute_correction: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        model: ModelInfo,
+        compute_correction: dict[str, int] | None = None,
+        draft: MemoryModel | None = None,
+    ) -> None:
         self.model = model
+        self.draft = draft  # the speculative draft loaded beside this model, if any
         self.geometry = cache_geometry(model)
         self.facts = graph_facts(model)
         self.weights = weight_table(model)
@@ -154,9 +173,28 @@ class MemoryModel:
 
     def layer_placement(self, settings: Settings, hardware: Hardware) -> tuple[int, ...]:
         n_gpu_layers = settings.n_gpu_layers if hardware.has_gpu else 0
-        return layer_devices(self.n_layer, n_gpu_layers, hardware.gpu_split())
+        split = offload_split(hardware.gpu_split(), settings.split_mode, settings.main_gpu)
+        return layer_devices(self.n_layer, n_gpu_layers, split)
+
+    def without_draft(self) -> MemoryModel:
+        if self.draft is None:
+            return self
+        return MemoryModel(self.model, self.compute_correction)
 
     def estimate(self, settings: Settings, hardware: Hardware) -> MemoryEstimate:
+        own = self._estimate(settings, hardware)
+        if self.draft is None:
+            return own
+        from homelab.planner.draft import draft_settings
+
+        draft = self.draft.estimate(draft_settings(settings, self.draft.model), hardware)
+        devices = tuple(
+            replace(device, draft_bytes=draft_share(drafted))
+            for device, drafted in zip(own.devices, draft.devices, strict=True)
+        )
+        return MemoryEstimate(devices, draft)
+
+    def _estimate(self, settings: Settings, hardware: Hardware) -> MemoryEstimate:
         placement = self.layer_placement(settings, hardware)
         n_cpu_moe = settings.n_cpu_moe if hardware.has_gpu else 0
         count = len(hardware.devices)
@@ -166,6 +204,7 @@ class MemoryModel:
             recurrent_bytes_by_layer(self.geometry, settings), placement, count
         )
         compute = self._compute(settings, hardware, placement, n_cpu_moe)
+        unused = unused_devices(count, settings.split_mode, settings.main_gpu)
         devices = tuple(
             DeviceMemory(
                 name=device.name,
@@ -178,6 +217,8 @@ class MemoryModel:
                 compute_bytes=compute[index] + self.compute_correction.get(device.name, 0),
                 overhead_bytes=self._overhead(device, settings),
             )
+            if index not in unused
+            else _left_out(device)
             for index, device in enumerate(hardware.devices)
         )
         return MemoryEstimate(devices)
@@ -208,8 +249,14 @@ class MemoryModel:
         # op offload: big batches on CPU-resident weights run on the first local GPU, which
         # then holds a copy of the largest such tensor in its compute buffer (RPC devices
         # do not take offloaded ops)
+        unused = unused_devices(count, settings.split_mode, settings.main_gpu)
         first_gpu = next(
-            (i for i, d in enumerate(hardware.devices) if i > 0 and d.endpoint is None), None
+            (
+                i
+                for i, d in enumerate(hardware.devices)
+                if i > 0 and d.endpoint is None and i not in unused
+            ),
+            None,
         )
         if first_gpu is not None:
             totals[first_gpu] += self.weights.largest_cpu_tensor_bytes(placement, n_cpu_moe)
@@ -219,6 +266,17 @@ class MemoryModel:
         if device.kind == "gpu":
             return device.overhead_bytes
         return F32 * self.model.n_vocab * settings.n_parallel  # logits output buffer
+
+
+def _left_out(device: Device) -> DeviceMemory:
+    """A device llama.cpp does not use (``--split-mode none``, not the main device)."""
+    return DeviceMemory(device.name, device.kind, device.label, device.budget_bytes, 0, 0, 0, 0, 0)
+
+
+def draft_share(device: DeviceMemory) -> int:
+    """What a draft adds to a device: all but a GPU's runtime overhead (one per process)."""
+    overhead = device.overhead_bytes if device.kind != "gpu" else 0
+    return device.total_bytes - device.overhead_bytes + overhead
 
 
 def estimate_memory(model: ModelInfo, settings: Settings, hardware: Hardware) -> MemoryEstimate:

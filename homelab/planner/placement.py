@@ -9,6 +9,12 @@ Device index 0 is the CPU, 1.. the GPUs in order. The rules:
   ``upper_bound`` over the normalised running sum in float32;
 * expert tensors (``*_exps``) of the first ``n_cpu_moe`` blocks stay on the CPU
   (``--n-cpu-moe``);
+* ``--split-mode none`` (``llama_model_params.split_mode``): llama.cpp keeps only the main
+  offload device (``--main-gpu``, an index into the offload devices: RPC devices first, then
+  the local GPUs), so every offloaded layer, its KV cache and the compute buffer are there and
+  the other devices hold nothing; ``row`` (CUDA only) splits each matrix by rows over the GPUs
+  in the same shares as ``layer`` — planned as ``layer``: the same bytes per device up to
+  where each matrix's rows fall;
 * multi-token-prediction blocks are not loaded;
 * a tied output head (no ``output.weight``) is a second copy of ``token_embd`` on the output
   device when that device is a GPU;
@@ -25,11 +31,52 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from homelab.errors import PlanError
 from homelab.gguf.model import ModelInfo, TensorInfo
+from homelab.planner.budget import Hardware
 from homelab.planner.geometry import cache_geometry
 
 CPU_REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL"})
 INPUT_TENSOR_PREFIXES = ("token_embd", "position_embd", "token_types")
+SPLIT_MODES = ("layer", "row", "none")  # --split-mode, llama.cpp's enum llama_split_mode
+
+
+def offload_split(split: Sequence[float], split_mode: str, main_gpu: int) -> tuple[float, ...]:
+    """The shares llama.cpp divides the offloaded layers by: ``split`` (one per offload
+    device), or, with ``none``, everything to the main device."""
+    if split_mode != "none" or not split:
+        return tuple(split)
+    return tuple(1.0 if index == main_gpu else 0.0 for index in range(len(split)))
+
+
+def unused_devices(n_devices: int, split_mode: str, main_gpu: int) -> frozenset[int]:
+    """Device indexes (0 = CPU) llama.cpp leaves out entirely: with ``none``, every offload
+    device but the main one (no layers, no KV, no compute buffer, no runtime)."""
+    if split_mode != "none":
+        return frozenset()
+    return frozenset(index for index in range(1, n_devices) if index != main_gpu + 1)
+
+
+def check_split_mode(split_mode: str, main_gpu: int, hardware: Hardware) -> None:
+    """A PlanError for a split llama.cpp cannot do on ``hardware``."""
+    if split_mode not in SPLIT_MODES:
+        raise PlanError(
+            f"--split-mode {split_mode!r} is not a split mode.",
+            hint=f"Use one of: {', '.join(SPLIT_MODES)}.",
+        )
+    names = [device.name for device in hardware.gpus]
+    if main_gpu < 0 or (names and main_gpu >= len(names)):
+        raise PlanError(
+            f"--main-gpu {main_gpu} names no offload device (there are {len(names)}).",
+            hint="Count from 0 over: " + (", ".join(names) or "none (no GPU, no worker)") + ".",
+        )
+    not_cuda = [d.name for d in hardware.gpus if d.endpoint or not d.name.startswith("CUDA")]
+    if split_mode == "row" and (not names or not_cuda):
+        raise PlanError(
+            "--split-mode row needs CUDA GPUs of this machine only: llama.cpp splits rows "
+            f"with CUDA's split buffer ({', '.join(not_cuda) or 'no GPU here'} cannot).",
+            hint="Use --split-mode layer (the default), or none with --main-gpu N.",
+        )
 
 
 def layer_devices(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> tuple[int, ...]:

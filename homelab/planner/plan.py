@@ -14,10 +14,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from homelab.errors import PlanError
 from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Hardware, resolve_hardware
+from homelab.planner.draft import VOCAB_SLACK, check_draft, draft_settings
 from homelab.planner.dryrun import DryRunResult, dry_run
-from homelab.planner.memory import MemoryEstimate, MemoryModel
+from homelab.planner.memory import MemoryEstimate, MemoryModel, draft_share
 from homelab.planner.predict import Prediction, predict_speed
 from homelab.planner.rules import (
     DEFAULT_KV_PAIRS,
@@ -34,7 +36,7 @@ from homelab.planner.search import (
     order_by_quality,
 )
 from homelab.settings import Settings
-from homelab.units import GIB, MIB, format_gib
+from homelab.units import GIB, MIB, format_gib, format_size
 
 LOG_RESOLUTION_MIB = 0.005  # llama.cpp logs sizes in MiB with two decimals
 
@@ -49,6 +51,7 @@ class CapacityRow:
     max_ctx_memory: int  # per slot, what memory alone allows (up to 1M tokens)
     chosen: bool
     note: str | None = None  # why the pair is not allowed, or that it is slow
+    max_ctx_without_draft: int | None = None  # with --draft: what the pair buys without it
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -58,6 +61,7 @@ class CapacityRow:
             "max_ctx_memory": self.max_ctx_memory,
             "chosen": self.chosen,
             "note": self.note,
+            "max_ctx_without_draft": self.max_ctx_without_draft,
         }
 
 
@@ -90,6 +94,7 @@ class Verification:
     detail: str
     comparisons: tuple[Comparison, ...] = ()
     engine: DryRunResult | None = None
+    draft_engine: DryRunResult | None = None  # the draft's own dry run (with --draft)
 
     @property
     def engine_verified(self) -> tuple[str, ...]:
@@ -121,6 +126,9 @@ class Plan:
     predicted: Prediction
     verified: Verification
     reasons: tuple[str, ...]
+    draft_name: str | None = None  # --draft: the speculative draft loaded beside the model
+    draft_source: str | None = None
+    draft_suggestion: str | None = None  # a local model that could draft (``--draft NAME``)
 
     @property
     def fits(self) -> bool:
@@ -150,6 +158,10 @@ class Plan:
             "verified": self.verified.to_dict(),
             "fits": self.fits,
             "reasons": list(self.reasons),
+            "draft": {"name": self.draft_name, "source": self.draft_source}
+            if self.draft_name
+            else None,
+            "draft_suggestion": self.draft_suggestion,
         }
 
 
@@ -175,23 +187,46 @@ def plan_model(
     hardware: Hardware | None = None,
     request: PlanRequest | None = None,
     verify: bool = True,
+    draft_candidates: Sequence[tuple[str, ModelInfo]] = (),
 ) -> Plan:
     """Plan ``model``: a ModelInfo, or its quant variants (what a
     ``homelab.models`` ref's ``variants()`` gives; the search applies ``request.quant``).
 
     ``hardware`` defaults to this machine as detected. With ``verify``, a plan for a local file
     is confirmed by a llama.cpp dry run; if llama.cpp's compute buffers turn out larger than the
-    formula's and the plan no longer fits, the search runs again with them.
+    formula's and the plan no longer fits, the search runs again with them. With
+    ``request.draft`` the draft is checked against the model and priced on the same devices;
+    without it, ``draft_candidates`` (library name, ModelInfo) may yield a draft suggestion.
     """
     request = request or PlanRequest()
     variants = [model] if isinstance(model, ModelInfo) else list(model)
     hardware = hardware or resolve_hardware()
-    search = Search(variants, hardware, request)
+    if request.draft is not None:
+        check_draft(variants[0], request.draft)
+        request, draft_notes = with_draft_knobs(request, variants[0])
+    else:
+        draft_notes = []
+    plan = _plan(variants, hardware, request, verify, draft_notes)
+    if request.draft is None and draft_candidates and plan.fits:
+        return with_suggestion(plan, draft_candidates, hardware, request)
+    return plan
+
+
+def _plan(
+    variants: Sequence[ModelInfo],
+    hardware: Hardware,
+    request: PlanRequest,
+    verify: bool,
+    draft_notes: list[str],
+) -> Plan:
+    search = Search(list(variants), hardware, request)
     result = search.run()
     choice, reasons = result.choice, list(result.reasons)
     verification = verify_choice(choice, hardware) if verify else _formula_only(choice, "not asked")
     if verification.engine is not None and verification.method == "dry-run":
-        corrected = _with_engine_compute(choice, hardware, verification.engine)
+        corrected = _with_engine_compute(
+            choice, hardware, verification.engine, verification.draft_engine
+        )
         if not corrected.estimate.fits:
             reasons.append(
                 "llama.cpp's compute buffers are larger than the formula's: re-planned with them"
@@ -203,6 +238,7 @@ def plan_model(
             verification = verify_choice(choice, hardware)
         else:
             choice = corrected
+    reasons = [*draft_notes, *reasons]
     return build_plan(choice, hardware, request, verification, reasons, variants)
 
 
@@ -218,6 +254,7 @@ def build_plan(
     capacity = capacity_rows(choice, hardware)
     all_reasons = [
         *explain(choice, hardware, request, variants),
+        *draft_reasons(choice),
         *reasons,
         *_verification_reasons(verification),
     ]
@@ -236,6 +273,8 @@ def build_plan(
         predicted=predict_speed(choice.memory, choice.settings, hardware),
         verified=verification,
         reasons=tuple(all_reasons),
+        draft_name=request.draft.name if request.draft else None,
+        draft_source=request.draft.source if request.draft else None,
     )
 
 
@@ -258,6 +297,10 @@ def capacity_rows(choice: Choice, hardware: Hardware) -> tuple[CapacityRow, ...]
             continue
         base = replace(choice.settings, type_k=pair[0], type_v=pair[1], flash_attn=flash)
         memory_max = search.max_ctx(choice.memory, base, CAPACITY_LIMIT_TOKENS)
+        without = None
+        if choice.memory.draft is not None:
+            alone = choice.memory.without_draft()
+            without = min(search.max_ctx(alone, base, CAPACITY_LIMIT_TOKENS), trained)
         rows.append(
             CapacityRow(
                 pair[0],
@@ -266,6 +309,7 @@ def capacity_rows(choice: Choice, hardware: Hardware) -> tuple[CapacityRow, ...]
                 memory_max,
                 pair == chosen,
                 slow_pair_note(hardware, pair),
+                without,
             )
         )
     return tuple(rows)
@@ -292,9 +336,21 @@ def verify_choice(choice: Choice, hardware: Hardware) -> Verification:
         return Verification(
             "formula", f"the llama.cpp dry run failed: {result.error}", engine=result
         )
-    return Verification(
-        "dry-run", _dry_run_detail(result, hardware), compare(choice, result, hardware), result
-    )
+    comparisons = compare(choice.estimate, result, hardware)
+    draft_result = _draft_dry_run(choice)
+    if draft_result is not None and draft_result.ok and choice.estimate.draft is not None:
+        comparisons += compare(choice.estimate.draft, draft_result, hardware, "draft ")
+    detail = _dry_run_detail(result, hardware)
+    if draft_result is not None and not draft_result.ok:
+        detail += f"; the draft's dry run failed: {draft_result.error}"
+    return Verification("dry-run", detail, comparisons, result, draft_result)
+
+
+def _draft_dry_run(choice: Choice) -> DryRunResult | None:
+    draft = choice.memory.draft
+    if draft is None or not Path(draft.model.source).is_file():
+        return None
+    return dry_run(draft.model.source, draft_settings(choice.settings, draft.model))
 
 
 def _unverifiable_gpus(hardware: Hardware, result: DryRunResult) -> bool:
@@ -315,16 +371,20 @@ def _dry_run_detail(result: DryRunResult, hardware: Hardware) -> str:
     return f"{where} sized every buffer in {result.seconds * 1000:.0f} ms"
 
 
-def compare(choice: Choice, result: DryRunResult, hardware: Hardware) -> tuple[Comparison, ...]:
-    estimate = choice.estimate
+def compare(
+    estimate: MemoryEstimate, result: DryRunResult, hardware: Hardware, prefix: str = ""
+) -> tuple[Comparison, ...]:
+    """The estimate's KV, recurrent and compute figures next to the dry run's."""
     comparisons = []
     if result.kv_caches:
         tolerance = LOG_RESOLUTION_MIB * len(result.kv_caches) + 1e-9
-        comparisons.append(_comparison("kv_bytes", estimate.kv_bytes, result.kv_mib, tolerance))
+        comparisons.append(
+            _comparison(f"{prefix}kv_bytes", estimate.kv_bytes, result.kv_mib, tolerance)
+        )
     if result.recurrent_mib is not None:
         comparisons.append(
             _comparison(
-                "recurrent_bytes",
+                f"{prefix}recurrent_bytes",
                 estimate.recurrent_bytes,
                 result.recurrent_mib,
                 LOG_RESOLUTION_MIB,
@@ -336,7 +396,7 @@ def compare(choice: Choice, result: DryRunResult, hardware: Hardware) -> tuple[C
         name = "CPU" if device in ("CPU", "CUDA_Host") else device
         if any(d.name == name for d in estimate.devices):
             predicted = estimate.device(name).compute_bytes
-            comparisons.append(_comparison(f"compute_bytes {name}", predicted, mib, 0.0))
+            comparisons.append(_comparison(f"{prefix}compute_bytes {name}", predicted, mib, 0.0))
     return tuple(comparisons)
 
 
@@ -345,22 +405,39 @@ def _comparison(what: str, predicted: int, engine_mib: float, tolerance_mib: flo
     return Comparison(what, predicted, round(engine_mib * MIB), exact)
 
 
-def _with_engine_compute(choice: Choice, hardware: Hardware, result: DryRunResult) -> Choice:
-    """The choice with llama.cpp's compute buffers where they exceed the formula's."""
+def _with_engine_compute(
+    choice: Choice,
+    hardware: Hardware,
+    result: DryRunResult,
+    draft_result: DryRunResult | None = None,
+) -> Choice:
+    """The choice with llama.cpp's compute buffers where they exceed the formula's (the
+    draft's too, when its dry run measured them)."""
     if _unverifiable_gpus(hardware, result):
         return choice
+    correction = _compute_correction(choice.estimate, result)
+    draft = choice.memory.draft
+    if draft is not None and draft_result is not None and draft_result.ok:
+        assert choice.estimate.draft is not None
+        draft_correction = _compute_correction(choice.estimate.draft, draft_result)
+        if draft_correction:
+            draft = MemoryModel(draft.model, draft_correction)
+    if not correction and draft is choice.memory.draft:
+        return choice
+    memory = MemoryModel(choice.model, correction, draft=draft)
+    return Choice(memory, choice.settings, memory.estimate(choice.settings, hardware))
+
+
+def _compute_correction(estimate: MemoryEstimate, result: DryRunResult) -> dict[str, int]:
     correction = {}
     for device, mib in result.compute_mib.items():
         name = "CPU" if device in ("CPU", "CUDA_Host") else device
-        if not any(d.name == name for d in choice.estimate.devices):
+        if not any(d.name == name for d in estimate.devices):
             continue
-        extra = round(mib * MIB) - choice.estimate.device(name).compute_bytes
+        extra = round(mib * MIB) - estimate.device(name).compute_bytes
         if extra > 0:
             correction[name] = extra
-    if not correction:
-        return choice
-    memory = MemoryModel(choice.model, correction)
-    return Choice(memory, choice.settings, memory.estimate(choice.settings, hardware))
+    return correction
 
 
 def _verification_reasons(verification: Verification) -> list[str]:
@@ -485,3 +562,96 @@ def _slots_reason(settings: Settings, request: PlanRequest) -> str:
     if settings.n_parallel == 1:
         return "1 slot: one request at a time gets the whole context (use --parallel for more)"
     return f"{settings.n_parallel} slots of {settings.n_ctx_per_slot} tokens"
+
+
+# --- the speculative draft -----------------------------------------------------------------
+
+DRAFT_SHARE_OF_TARGET = 0.25  # a suggested draft has at most this share of the target's params
+
+
+def with_draft_knobs(request: PlanRequest, target: ModelInfo) -> tuple[PlanRequest, list[str]]:
+    """The knobs a draft needs: a full sliding-window cache (rejected tokens roll back)."""
+    if not target.has_swa or request.swa_full:
+        return request, []
+    note = (
+        "swa_full on: speculative decoding rolls back rejected draft tokens, which a trimmed "
+        "sliding-window cache cannot"
+    )
+    return replace(request, swa_full=True), [note]
+
+
+def draft_reasons(choice: Choice) -> list[str]:
+    """What the draft costs and where it lives."""
+    draft = choice.estimate.draft
+    if draft is None or choice.memory.draft is None:
+        return []
+    model = choice.memory.draft.model
+    s = choice.settings
+    where = ", ".join(
+        f"{d.name} {format_size(d.draft_bytes)}" for d in choice.estimate.devices if d.draft_bytes
+    )
+    return [
+        f"draft {model.name} {model.file_type}: weights {format_size(draft.weights_bytes)}, "
+        f"KV {format_size(draft.kv_bytes)} ({s.n_parallel} slot(s) × {s.n_ctx_per_slot} tokens, "
+        f"{s.type_k}/{s.type_v}, the target's slot layout), compute "
+        f"{format_size(draft.compute_bytes)}, logits {format_size(draft.overhead_bytes)}; "
+        f"on {where}"
+    ]
+
+
+def with_suggestion(
+    plan: Plan,
+    candidates: Sequence[tuple[str, ModelInfo]],
+    hardware: Hardware,
+    request: PlanRequest,
+) -> Plan:
+    """The plan with a draft suggestion from ``candidates`` (library name, ModelInfo): a
+    smaller local model with the same vocabulary whose cost fits in what the plan leaves."""
+    target = _chosen_variant(plan)
+    if target is None or target.is_recurrent:
+        return plan
+    options = []
+    for name, info in candidates:
+        cost = _draft_cost_if_it_fits(plan, target, info, hardware)
+        if cost is not None:
+            options.append((info.n_params, name, cost))
+    if not options:
+        return plan
+    small = [o for o in options if o[0] <= DRAFT_SHARE_OF_TARGET * target.n_params]
+    _, name, cost = max(small) if small else min(options)
+    text = f"draft suggestion: --draft {name} (same vocabulary, +{format_size(cost)})"
+    return replace(plan, draft_suggestion=text, reasons=(*plan.reasons, text))
+
+
+def _chosen_variant(plan: Plan) -> ModelInfo | None:
+    from homelab.gguf.reader import read_model
+
+    source = Path(plan.model_source)
+    if not source.is_file():
+        return None
+    return read_model(source)
+
+
+def _draft_cost_if_it_fits(
+    plan: Plan, target: ModelInfo, draft: ModelInfo, hardware: Hardware
+) -> int | None:
+    """The bytes ``draft`` would add to ``plan``; None when it cannot draft or does not fit."""
+    if draft.n_params >= target.n_params or Path(draft.source) == Path(target.source):
+        return None
+    if not Path(draft.source).is_file() or draft.tokenizer_model != target.tokenizer_model:
+        return None
+    if abs(draft.n_vocab - target.n_vocab) > VOCAB_SLACK:
+        return None  # cheap checks first: only plausible drafts read their token lists
+    try:
+        check_draft(target, draft)
+    except PlanError:
+        return None
+    settings = draft_settings(plan.settings, draft)
+    estimate = MemoryModel(draft).estimate(settings, hardware)
+    total = 0
+    for mine, theirs in zip(plan.memory.devices, estimate.devices, strict=True):
+        share = draft_share(theirs)
+        if share > mine.headroom_bytes:
+            return None
+        total += share
+    return total

@@ -49,6 +49,10 @@ def _chosen(plan: Plan) -> str:
     ]  # fmt: skip
     if s.tensor_split:
         rows.append(("split", _split_text(plan)))
+    if s.split_mode != "layer" and plan.hardware.gpus:
+        main = plan.hardware.gpus[min(s.main_gpu, len(plan.hardware.gpus) - 1)].name
+        where = f"every offloaded layer on {main}" if s.split_mode == "none" else "rows (CUDA)"
+        rows.append(("split", f"split mode {s.split_mode}: {where}"))
     return "Chosen\n" + "\n".join(f"  {name:<9} {value}" for name, value in rows)
 
 
@@ -80,11 +84,32 @@ def _memory(plan: Plan) -> str:
     lines = ["Memory   (█ weights ▓ KV ▒ compute/recurrent ░ overhead · free)", header]
     for device in reversed(plan.memory.devices):  # GPUs first
         lines.append(_device_line(device))
+    if plan.memory.draft is not None:
+        lines.extend(_draft_lines(plan))
     remote = [d for d in plan.hardware.gpus if d.endpoint]
     if remote:
         lines.append("  RPC workers (unauthenticated: loopback or a private link only)")
         lines.extend(f"    {d.name}: {d.label} · {d.budget_note}" for d in remote)
     return "\n".join(lines)
+
+
+def _draft_lines(plan: Plan) -> list[str]:
+    """The draft's own bytes (already inside each device's total above)."""
+    draft = plan.memory.draft
+    assert draft is not None
+    where = ", ".join(
+        f"{d.name} {format_size(d.draft_bytes)}" for d in plan.memory.devices if d.draft_bytes
+    )
+    cells = [
+        format_size(v)
+        for v in (draft.weights_bytes, draft.kv_bytes, draft.compute_bytes, draft.overhead_bytes)
+    ]
+    name = f"draft {plan.draft_name}"[:NAME_WIDTH]
+    return [
+        f"  {name:<{NAME_WIDTH}} {'(in the totals above)':<{BAR_WIDTH}} "
+        + " ".join(f"{c:>10}" for c in cells)
+        + f" {format_size(plan.memory.draft_bytes):>10}   on {where}"
+    ]
 
 
 def _device_line(device: DeviceMemory) -> str:
@@ -127,15 +152,20 @@ def memory_bar(device: DeviceMemory, width: int = BAR_WIDTH) -> str:
 def _capacity(plan: Plan) -> str:
     s = plan.settings
     where = _offload_text(plan)
+    with_draft = plan.draft_name is not None
+    header = f"  {'KV K/V':<12} {'max context':>12} {'memory allows':>14}"
+    if with_draft:
+        header += f" {'without draft':>14}"
+        where += f", with draft {plan.draft_name}"
     lines = [
         f"Capacity per slot ({s.n_parallel} slot(s), {s.quant}, {where}, n_ubatch {s.n_ubatch})",
-        f"  {'KV K/V':<12} {'max context':>12} {'memory allows':>14}",
+        header,
     ]
-    lines.extend(_capacity_line(row) for row in plan.capacity)
+    lines.extend(_capacity_line(row, with_draft) for row in plan.capacity)
     return "\n".join(lines)
 
 
-def _capacity_line(row: CapacityRow) -> str:
+def _capacity_line(row: CapacityRow, with_draft: bool = False) -> str:
     pair = f"{row.type_k}/{row.type_v}"
     if row.max_ctx_memory == 0 and row.note:
         return f"  {pair:<12} {'—':>12} {'—':>14}   {row.note}"
@@ -144,7 +174,8 @@ def _capacity_line(row: CapacityRow) -> str:
     memory = f"{row.max_ctx_memory}"
     if row.max_ctx_memory >= CAPACITY_LIMIT_TOKENS:
         memory = f"≥{CAPACITY_LIMIT_TOKENS}"
-    return f"  {pair:<12} {row.max_ctx:>12} {memory:>14}{mark}{note}"
+    without = f" {row.max_ctx_without_draft or 0:>14}" if with_draft else ""
+    return f"  {pair:<12} {row.max_ctx:>12} {memory:>14}{without}{mark}{note}"
 
 
 def _predicted(plan: Plan) -> str:

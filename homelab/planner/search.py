@@ -26,6 +26,7 @@ from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Hardware
 from homelab.planner.cache import CTX_PAD, pad
 from homelab.planner.memory import MemoryEstimate, MemoryModel
+from homelab.planner.placement import check_split_mode
 from homelab.planner.predict import roofline_decode_tok_s
 from homelab.planner.rules import (
     DEFAULT_KV_PAIRS,
@@ -65,6 +66,9 @@ class PlanRequest:
     n_ubatch: int | None = None
     swa_full: bool = False
     kv_unified: bool = False
+    split_mode: str = "layer"  # --split-mode layer|row|none (see planner.placement)
+    main_gpu: int = 0  # --main-gpu: the offload device of split mode none
+    draft: ModelInfo | None = None  # --draft: a speculative draft loaded beside the model
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,10 @@ class Search:
             )
         self.hardware = hardware
         self.request = request
+        check_split_mode(request.split_mode, request.main_gpu, hardware)
         self.models = list(models)
-        self.candidates = [MemoryModel(m) for m in select_quant(models, request.quant)]
+        draft = MemoryModel(request.draft) if request.draft is not None else None
+        self.candidates = [MemoryModel(m, draft=draft) for m in select_quant(models, request.quant)]
         self.all_quants = [m.file_type for m in order_by_quality(models)]
         self.reasons: list[str] = []
 
@@ -166,7 +172,9 @@ class Search:
             swa_full=self.request.swa_full,
             kv_unified=self.request.kv_unified,
             rpc_servers=self.hardware.rpc_endpoints,
-            tensor_split=self.hardware.tensor_split(),
+            tensor_split=self.hardware.tensor_split() if self.request.split_mode != "none" else (),
+            split_mode=self.request.split_mode,
+            main_gpu=self.request.main_gpu,
         )
 
     @staticmethod
@@ -439,7 +447,20 @@ class Search:
                 )
             )
         hint = self.what_would_fit(memory, pair) + _quantize_hint(memory.model)
+        if memory.draft is not None:
+            hint = self.without_draft_hint(memory, settings) + " " + hint
         return PlanError(" ".join(lines), hint=hint)
+
+    def without_draft_hint(self, memory: MemoryModel, settings: Settings) -> str:
+        """What the draft costs, and whether the model alone would fit."""
+        assert memory.draft is not None
+        cost = memory.estimate(settings, self.hardware).draft_bytes
+        name = memory.draft.model.name
+        try:
+            Search(self.models, self.hardware, replace(self.request, draft=None)).run()
+        except PlanError:
+            return f"The draft {name} costs {_gib(cost)}; even without it nothing fits."
+        return f"Without the draft {name} (it costs {_gib(cost)}) the model fits: drop --draft."
 
     def shortfall(self, memory: MemoryModel, settings: Settings, how: str) -> str:
         estimate = memory.estimate(settings, self.hardware)
@@ -449,7 +470,12 @@ class Search:
             f"{subject} needs {_gib(device.total_bytes)} on "
             f"{device.name} ({device.label}, budget {_gib(device.budget_bytes)}): weights "
             f"{_gib(device.weights_bytes)}, KV {_gib(device.kv_bytes)}, compute "
-            f"{_gib(device.compute_bytes)}, overhead {_gib(device.overhead_bytes)}."
+            f"{_gib(device.compute_bytes)}, overhead {_gib(device.overhead_bytes)}"
+            + (
+                f", draft {memory.draft.model.name} {_gib(device.draft_bytes)}."
+                if memory.draft is not None
+                else "."
+            )
         )
 
     def what_would_fit(self, memory: MemoryModel, pair: KvPair) -> str:

@@ -104,11 +104,20 @@ class ServerState:
             raise service_unavailable(
                 "The model is still loading. Retry shortly.", code="model_loading", retry_after_s=5
             )
+        failure = engine_failure(engine)
+        if failure is not None:  # for good (a lost RPC worker): no Retry-After
+            raise ApiError(503, failure, code="engine_failed")
         return engine
 
     def subscribe(self, callback: RequestSubscriber) -> Callable[[], None]:
         self.subscribers.append(callback)
         return lambda: self.subscribers.remove(callback) if callback in self.subscribers else None
+
+
+def engine_failure(engine: EngineLike | None) -> str | None:
+    """Why ``engine`` can serve nothing more (``Engine.failure``: a lost RPC worker), or None."""
+    failure = getattr(engine, "failure", None)
+    return failure if isinstance(failure, str) else None
 
 
 def create_app(
@@ -200,12 +209,16 @@ def _body_doc(name: str) -> dict[str, Any]:
 
 
 def _add_routes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/health", responses={503: {"description": "the model is loading"}})
+    @app.get("/health", responses={503: {"description": "the model is loading, or failed"}})
     async def health() -> JSONResponse:
         if state.fleet is not None:  # several models: serving as soon as it listens
             loaded_models = [s.name for s in state.fleet.residents()]
             return JSONResponse({"status": "ok", "loaded": loaded_models})
-        loaded = state.engine_provider() is not None
+        engine = state.engine_provider()
+        failure = engine_failure(engine)
+        if failure is not None:
+            return JSONResponse({"status": "failed", "reason": failure}, status_code=503)
+        loaded = engine is not None
         return JSONResponse(
             {"status": "ok" if loaded else "loading"}, status_code=200 if loaded else 503
         )

@@ -345,6 +345,8 @@ def check_finish(finish: FinishEvent | None) -> FinishEvent:
         )
     if finish.reason == "error":
         log.error("generation failed: %s", finish.error)
+        if finish.fatal:  # the engine is failed for good (a lost RPC worker): say why
+            raise ApiError(503, finish.error or "The engine has failed.", code="engine_failed")
         raise ApiError(
             500, "The model failed while generating the response.", code="generation_failed"
         )

@@ -118,6 +118,7 @@ class HomelabApp(App[None]):
         chat_max_tokens: int = services.CHAT_MAX_TOKENS,
         speculation: SpeculationConfig | None = None,
         rpc: tuple[str, ...] = (),
+        rpc_budget_bytes: int | None = None,
     ) -> None:
         super().__init__()
         self.requested_model = model
@@ -125,8 +126,9 @@ class HomelabApp(App[None]):
         self.frozen_live = frozen = frozen_live  # snapshots: hide numbers that vary per run
         # one controller per panel; each gets its widget once the dashboard is mounted
         source = hardware_provider or LocalHardware()
-        self.hardware = HardwareController(self, source, frozen=frozen, rpc=rpc)
-        self.plans = PlanController(self, verify=verify_plans, rpc=rpc)
+        budget = rpc_budget_bytes
+        self.hardware = HardwareController(self, source, frozen=frozen, rpc=rpc, budget=budget)
+        self.plans = PlanController(self, verify=verify_plans, rpc=rpc, rpc_budget_bytes=budget)
         self.live = LiveController(self, self.plans, frozen=frozen, speculation=speculation)
         self.chat = ChatController(self, self.live, max_tokens=chat_max_tokens, frozen=frozen)
         self.serving = ServerController(
@@ -388,13 +390,15 @@ def make_app(
     chat_max_tokens: int = services.CHAT_MAX_TOKENS,
     speculation: SpeculationConfig | None = None,
     rpc: tuple[str, ...] = (),
+    rpc_budget_bytes: int | None = None,
 ) -> HomelabApp:
     """The app, configured; tests reuse this with fixed hardware and a demo model.
 
     ``verify_plans`` (default: on unless ``frozen_live``) confirms each plan with a llama.cpp
     dry run, whose timing text would make snapshots differ run to run. ``speculation``
     (``--spec`` / ``--draft``) goes to every load; ``rpc`` (``--rpc``) workers are probed with
-    the hardware, listed in its panel and planned with.
+    the hardware, listed in its panel and planned with, each device capped at
+    ``rpc_budget_bytes`` (``--rpc-budget``) when given.
     """
     return HomelabApp(
         model,
@@ -407,4 +411,5 @@ def make_app(
         chat_max_tokens=chat_max_tokens,
         speculation=speculation,
         rpc=rpc,
+        rpc_budget_bytes=rpc_budget_bytes,
     )

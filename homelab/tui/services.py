@@ -196,10 +196,12 @@ def plan_choice(
     *,
     verify: bool = False,
     rpc: tuple[str, ...] = (),
+    rpc_budget_bytes: int | None = None,
 ) -> Plan:
     """Plan ``choice`` for the machine in ``report`` with the user's knobs, and the devices
     of the RPC workers ``rpc`` (``--rpc``; asked for their free memory now, as every verb
-    does — :func:`homelab.planner.budget.with_workers`).
+    does — :func:`homelab.planner.budget.with_workers`), each device capped at
+    ``rpc_budget_bytes`` (``--rpc-budget``) when given.
 
     Without ``verify`` this is pure arithmetic (milliseconds: knobs re-plan instantly); with
     it, a plan for a local file is confirmed by a llama.cpp dry run (a second or so).
@@ -208,12 +210,15 @@ def plan_choice(
     from homelab.planner.plan import plan_model
 
     variants = choice.model.variants()
-    hardware = with_workers(hardware_from_report(report), rpc)
+    hardware = with_workers(hardware_from_report(report), rpc, rpc_budget_bytes)
     return plan_model(variants, hardware, plan_request(knobs), verify=verify)
 
 
-def probe_workers(endpoints: tuple[str, ...]) -> tuple[WorkerLine, ...]:
-    """Each RPC worker's devices and free memory, or why it cannot be reached."""
+def probe_workers(
+    endpoints: tuple[str, ...], budget_bytes: int | None = None
+) -> tuple[WorkerLine, ...]:
+    """Each RPC worker's devices and free memory (and the ``--rpc-budget`` a plan gives each
+    device, never more than it has free), or why it cannot be reached."""
     from homelab.llamacpp.rpc import probe
 
     lines: list[WorkerLine] = []
@@ -224,9 +229,9 @@ def probe_workers(endpoints: tuple[str, ...]) -> tuple[WorkerLine, ...]:
             lines.append(WorkerLine(endpoint, None, 0, 0, problem=error.message))
             continue
         for device in info.devices:
-            lines.append(
-                WorkerLine(endpoint, device.buffer_name, device.free_bytes, device.total_bytes)
-            )
+            free, total = device.free_bytes, device.total_bytes
+            budget = None if budget_bytes is None else min(budget_bytes, free)
+            lines.append(WorkerLine(endpoint, device.buffer_name, free, total, budget_bytes=budget))
     return tuple(lines)
 
 
@@ -239,6 +244,7 @@ class WorkerLine:
     free_bytes: int
     total_bytes: int
     problem: str = ""
+    budget_bytes: int | None = None  # --rpc-budget: what a plan may put on this device
 
 
 def fit_badge(choice: ModelChoice, report: HardwareReport) -> FitBadge:

@@ -1,6 +1,7 @@
 """Plan, load and generate greedily in a process of its own, printing one JSON document.
 
-    python tests/rpc/rpc_child.py MODEL_PATH PROMPT [ENDPOINT,ENDPOINT BUDGET_BYTES]
+    python tests/rpc/rpc_child.py MODEL_PATH PROMPT [ENDPOINT,ENDPOINT BUDGET_BYTES
+                                                     [SPLIT_MODE MAIN_GPU]]
 
 Registering RPC workers is process-wide in ggml (and llama.cpp aborts the process when a
 worker dies), so the RPC tests never load through workers inside the pytest process.
@@ -24,7 +25,9 @@ def main() -> int:
     endpoints = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ()
     budget = int(sys.argv[4]) if len(sys.argv) > 4 else None
     hardware = with_workers(resolve_hardware(), endpoints, budget)
-    request = PlanRequest(ctx=256, parallel=1)
+    split_mode = sys.argv[5] if len(sys.argv) > 5 else "layer"
+    main_gpu = int(sys.argv[6]) if len(sys.argv) > 6 else 0
+    request = PlanRequest(ctx=256, parallel=1, split_mode=split_mode, main_gpu=main_gpu)
     engine, plan = open_engine(resolve(str(Path(path))), request, hardware)
     try:
         sampling = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

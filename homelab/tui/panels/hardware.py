@@ -28,11 +28,13 @@ class HardwareController:
         *,
         frozen: bool,
         rpc: tuple[str, ...] = (),
+        budget: int | None = None,
     ) -> None:
         self.app = app
         self.source = source
         self.frozen = frozen  # snapshots: hide sensor numbers that vary run to run
         self.rpc = rpc  # --rpc workers: listed with their free memory, planned with
+        self.rpc_budget_bytes = budget  # --rpc-budget: what each worker device may hold
         self.report: HardwareReport | None = None
         self.workers: tuple[WorkerLine, ...] = ()
 
@@ -44,7 +46,7 @@ class HardwareController:
 
     def _detect(self) -> None:
         report = self.source.detect()
-        workers = services.probe_workers(self.rpc) if self.rpc else ()
+        workers = services.probe_workers(self.rpc, self.rpc_budget_bytes) if self.rpc else ()
         self.app.post_message(HardwareDetected(report, workers))
 
     async def show_report(

@@ -39,10 +39,18 @@ KNOB_CHOICES: dict[str, tuple[object, ...]] = {
 class PlanController:
     panel: PlanPanel  # attached once the dashboard is mounted
 
-    def __init__(self, app: App[None], *, verify: bool, rpc: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        app: App[None],
+        *,
+        verify: bool,
+        rpc: tuple[str, ...] = (),
+        rpc_budget_bytes: int | None = None,
+    ) -> None:
         self.app = app
         self.verify = verify  # confirm each plan of a local file with a llama.cpp dry run
         self.rpc = rpc  # --rpc: the workers' devices are devices of every plan
+        self.rpc_budget_bytes = rpc_budget_bytes  # --rpc-budget: capping each of them
         self.report: HardwareReport | None = None
         self.choice: ModelChoice | None = None
         self.knobs = Knobs()
@@ -119,10 +127,13 @@ class PlanController:
         """Plan at once from the memory model, then (for a local file) confirm it with a
         llama.cpp dry run and show the verified plan too."""
         try:
-            plan = services.plan_choice(choice, report, knobs, rpc=self.rpc)
+            rpc, budget = self.rpc, self.rpc_budget_bytes
+            plan = services.plan_choice(choice, report, knobs, rpc=rpc, rpc_budget_bytes=budget)
             self.app.post_message(PlanComputed(plan, generation))
             if self.verify and choice.runnable and not get_current_worker().is_cancelled:
-                verified = services.plan_choice(choice, report, knobs, verify=True, rpc=self.rpc)
+                verified = services.plan_choice(
+                    choice, report, knobs, verify=True, rpc=rpc, rpc_budget_bytes=budget
+                )
                 self.app.post_message(PlanComputed(verified, generation))
         except HomelabError as error:
             self.app.post_message(PlanFailed(error, generation))

@@ -156,14 +156,17 @@ class HardwarePanel(Vertical):
 
 
 def worker_text(worker: WorkerLine) -> str:
-    """ "worker 127.0.0.1:50052 · RPC0 · 23.5 GiB free of 31.2 GiB", or why it is unreachable."""
+    """ "worker 127.0.0.1:50052 · RPC0 · 23.5 GiB free of 31.2 GiB" (then "· budget 8.0 GiB"
+    with ``--rpc-budget``), or why it is unreachable."""
     where = f"[b]worker[/b] {escape(worker.endpoint)}"
     if worker.device is None:
         return f"{where} · [b $error]{escape(worker.problem)}[/]"
     device = escape(worker.device.partition("[")[0])
+    budget = worker.budget_bytes
     return (
         f"{where} · {device} · {format_size(worker.free_bytes, digits=1)} free "
         f"[dim]of {format_size(worker.total_bytes, digits=1)}[/]"
+        + ("" if budget is None else f" · budget {format_size(budget, digits=1)}")
     )
 
 
