@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from homelab.llamacpp._lib import ggml_library
+from homelab.llamacpp.lane import replace_stuck_lane
 
 RPC_SOURCE = "ggml-rpc.cpp"  # ggml prefixes every abort message with FILE:LINE
 
@@ -93,6 +94,7 @@ def _on_abort(raw: bytes | None) -> None:
             watcher(message)
         except Exception:  # a watcher's bug must not let abort() through
             traceback.print_exc()
+    replace_stuck_lane()  # the lane's decode waits on this thread: the other engines go on
     _park()
 
 

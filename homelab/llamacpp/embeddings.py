@@ -30,6 +30,7 @@ from homelab.errors import EngineError
 from homelab.llamacpp._lib import Closing, lib
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import ContextCreateError, ContextParams
+from homelab.llamacpp.lane import decode_on_lane
 from homelab.llamacpp.log import capture_log, joined
 from homelab.llamacpp.model import Model
 
@@ -129,7 +130,8 @@ class EmbeddingContext(Closing):
 
     def decode(self, batch: Batch) -> int:
         """One ``llama_decode`` of whole sequences: 0 on success (see llama.h otherwise)."""
-        return int(self._lib.llama_decode(self.pointer, batch.c_batch))
+        lib, pointer, c_batch = self._lib, self.pointer, batch.c_batch
+        return decode_on_lane(lambda: int(lib.llama_decode(pointer, c_batch)))
 
     def sequence_vector(self, seq_id: int) -> np.ndarray:
         """A copy of ``seq_id``'s pooled vector from the last decode."""

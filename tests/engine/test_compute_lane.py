@@ -1,0 +1,89 @@
+"""Every llama_decode of the process runs on one thread (``homelab.llamacpp.lane``).
+
+libgomp keeps an OpenMP team per calling thread; with more teams than CPUs it stops spinning
+at ggml's per-node barriers and sleeps on a futex, which halved 1-stream decode on 2 cores as
+soon as a second engine had decoded once on its own scheduler thread. Real llama.cpp engines
+on generated tiny models; no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from homelab.engine.api import GenerationRequest, SamplingParams
+from homelab.engine.embeddings import Embedder, EmbeddingOptions
+from homelab.llamacpp import lane
+
+
+@pytest.fixture
+def decode_threads(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The ids of the threads that ran a decode, recorded through the real lane."""
+    seen: set[int] = set()
+    real_run = lane._LANE.run
+
+    def spying_run(function: Callable[[], Any]) -> Any:
+        def recorded() -> Any:
+            seen.add(threading.get_ident())
+            return function()
+
+        return real_run(recorded)
+
+    monkeypatch.setattr(lane._LANE, "run", spying_run)
+    return seen
+
+
+def test_two_engines_and_an_embedder_decode_on_one_thread(
+    make_engine: Any, decode_threads: set[int]
+) -> None:
+    first, second = make_engine(), make_engine(n_parallel=2)
+    sampling = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    for name, engine in (("a", first), ("b", second), ("c", first)):
+        finish = engine.submit(GenerationRequest(name, "hello there", sampling)).collect().finish
+        assert finish.stats.completion_tokens == 6
+    with Embedder.beside(first, EmbeddingOptions(pooling="mean")) as embedder:
+        assert len(embedder.embed([[5, 6, 7]])) == 1
+    assert len(decode_threads) == 1
+    assert decode_threads == {lane._LANE.thread.ident}  # type: ignore[union-attr]
+    assert threading.get_ident() not in decode_threads
+
+
+def test_a_call_on_the_lane_runs_directly_and_errors_reach_the_caller() -> None:
+    own = lane.ComputeLane("test lane")
+    inner_thread: list[int] = []
+
+    def nested() -> int:
+        inner_thread.append(threading.get_ident())
+        return own.run(lambda: threading.get_ident())  # from the lane itself: no deadlock
+
+    assert own.run(nested) == inner_thread[0]
+
+    def fails() -> None:
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        own.run(fails)
+    assert own.run(lambda: 7) == 7  # the lane survives a failing call
+
+
+def test_a_replaced_lane_serves_while_the_old_thread_is_stuck() -> None:
+    own = lane.ComputeLane("test lane")
+    stuck, release = threading.Event(), threading.Event()
+
+    def hang() -> None:
+        stuck.set()
+        release.wait(30)
+
+    waiter = threading.Thread(target=own.run, args=(hang,), daemon=True)
+    waiter.start()
+    assert stuck.wait(10)
+    old = own.thread
+    own.replace()
+    assert own.thread is not old
+    assert own.run(lambda: "served") == "served"
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive()
