@@ -38,6 +38,9 @@ QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 GENERATOR_VERSION = 2  # bump when generated files change, so caches regenerate
 # Special-purpose models, named like an ARCH (demo:bert, demo:spec:tiny); see demo_extra.
 EXTRAS = ("bert", "reasoning", "spec", "spec-draft")
+TRAINED = "trained"  # demo:trained[:F16|:Q4_K_M] — shipped weights, see tools/train_demo.py
+TRAINED_DIR = Path(__file__).parent / "trained"
+TRAINED_STEM = "homelab-trained-llama"
 EXTRA_DEFAULT_SIZES = {"spec": "bench", "spec-draft": "bench"}  # sized to measure speed-ups
 
 
@@ -344,6 +347,8 @@ def demo_model_path(
     ``arch`` is one of :data:`ARCHS` or of the special-purpose :data:`EXTRAS`.
     """
     quant = _checked_quant(quant)
+    if arch == TRAINED:
+        return trained_model_path(quant)
     folder = directory or demo_models_dir()
     if arch in EXTRAS:
         from homelab.gguf import demo_extra
@@ -357,6 +362,17 @@ def demo_model_path(
             return write_f16_model(path, arch, size)
 
     return _cached(folder, stem, quant, write)
+
+
+def trained_model_path(quant: str = "F16") -> Path:
+    """The shipped model trained on Python's documentation (F16 or Q4_K_M)."""
+    path = TRAINED_DIR / f"{TRAINED_STEM}-{quant.upper()}.gguf"
+    if not path.is_file():
+        raise HomelabError(
+            f"the trained demo model has no {quant} file",
+            hint="Use demo:trained or demo:trained:Q4_K_M; re-create with tools/train_demo.py.",
+        )
+    return path
 
 
 def _checked_quant(quant: str) -> str:
@@ -395,6 +411,8 @@ def parse_demo_ref(spec: str) -> tuple[str, str, str]:
     (``demo:bert``, ``demo:reasoning``, ``demo:spec``, ``demo:spec-draft:tiny``...).
     """
     parts = [p for p in spec.split(":")[1:] if p]
+    if parts and parts[0].lower() == TRAINED and len(parts) <= 2:
+        return TRAINED, "tiny", _checked_quant(parts[1] if len(parts) == 2 else "F16")
     arch = parts.pop(0).lower() if parts and parts[0].lower() in ARCHS + EXTRAS else "llama"
     default_size = EXTRA_DEFAULT_SIZES.get(arch, "tiny")
     size = parts.pop(0).lower() if parts and parts[0].lower() in SIZES else default_size

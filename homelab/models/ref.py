@@ -89,6 +89,8 @@ class DemoModel:
 
     @property
     def label(self) -> str:
+        if self.arch == "trained":
+            return "small demo model trained on Python's documentation"
         return f"{self.arch} {self.size} demo"
 
     @property

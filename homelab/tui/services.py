@@ -32,8 +32,8 @@ if TYPE_CHECKING:
     from homelab.tui.protocols import AnswerStream, DashboardEngine, HttpServerHandle
 
 ModelKind = Literal["local", "catalogue", "hub", "demo"]
-DEMO_REF = "demo"
-DEMO_LABEL = "demo model, random weights"
+DEMO_REF = "demo:trained"
+DEMO_LABEL = "small demo model trained on Python's documentation"
 
 
 @dataclass(frozen=True)
