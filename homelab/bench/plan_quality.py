@@ -18,6 +18,8 @@ from homelab.settings import COMPARED_KV_TYPES
 
 if TYPE_CHECKING:
     from homelab.bench.quality import Progress, QualityResult
+    from homelab.gguf.model import ModelInfo
+    from homelab.planner.budget import Hardware
 
 MIN_CTX = 16
 
@@ -35,6 +37,17 @@ class QualityOptions:
     save: bool = True
 
 
+def unusable_kv_types(
+    info: ModelInfo, hardware: Hardware, kv_types: tuple[str, ...]
+) -> dict[str, str]:
+    """K/V types llama.cpp would refuse for this model (e.g. q8_0 with 48-wide heads), each
+    with the note that says why it is not measured."""
+    from homelab.planner.rules import kv_pair_problem
+
+    problems = {kv: kv_pair_problem(info, hardware, (kv, kv), True) for kv in kv_types}
+    return {kv: f"K/V {kv} not measured: {why}." for kv, why in problems.items() if why}
+
+
 def measure_plan_quality(
     path: Path, options: QualityOptions, progress: Progress | None = None
 ) -> tuple[QualityResult, str | None]:
@@ -47,6 +60,7 @@ def measure_plan_quality(
     info = read_model(path)
     hardware = planning.bench_hardware(options.budget_bytes)
     settings = planning.planned(info, hardware).settings
+    skipped = unusable_kv_types(info, hardware, options.kv_types)
     reference = (
         weights.describe(options.reference) if options.reference else weights.most_precise(path)
     )
@@ -58,7 +72,7 @@ def measure_plan_quality(
         settings.flash_attn,
         reference_path=str(reference.path),
         reference_quant=reference.quant,
-        kv_types=list(options.kv_types),
+        kv_types=[kv for kv in options.kv_types if kv not in skipped],
     )
     if options.n_ctx < MIN_CTX:
         raise BenchError(
@@ -80,7 +94,7 @@ def measure_plan_quality(
         result,
         measured_at=store.now_iso(),
         hardware_id=planning.profile_hardware_id(hardware),
-        notes=comparison.notes,
+        notes=comparison.notes + tuple(skipped.values()),
     )
     saved = str(store.save_quality(result)) if options.save else None
     return result, saved

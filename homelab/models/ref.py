@@ -78,7 +78,8 @@ class LocalFile:
 
 @dataclass(frozen=True)
 class DemoModel:
-    """A generated model with random weights (``demo[:ARCH][:SIZE][:QUANT]``)."""
+    """A generated model with random weights (``demo[:ARCH][:SIZE][:QUANT]``), or the shipped
+    one trained on Python's documentation (``demo:trained[:QUANT]``)."""
 
     text: str
     arch: str

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from homelab.tui.protocols import AnswerStream, DashboardEngine, HttpServerHandle
 
 ModelKind = Literal["local", "catalogue", "hub", "demo"]
-DEMO_REF = "demo:trained"
-DEMO_LABEL = "small demo model trained on Python's documentation"
+DEMO_REF = "demo:trained"  # the offline default: shipped weights, trained on Python's docs
+TRAINED_NOTE = "small demo model trained on Python's documentation: simple English, knows nothing"
+RANDOM_NOTE = "demo model, random weights"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ModelChoice:
     path: Path | None  # None: not on this machine (a catalogue entry or hub file to pull first)
     size_bytes: int | None = None
     detail: str = ""  # e.g. "hf · org/name", "catalogue · org/name-GGUF"
+    note: str = ""  # what a demo model is and is not (RANDOM_NOTE / TRAINED_NOTE)
 
     @property
     def is_demo(self) -> bool:
@@ -60,7 +62,7 @@ class ModelChoice:
     @property
     def title(self) -> str:
         """The name with the plain warning a demo model needs."""
-        return f"{self.label} — {DEMO_LABEL}" if self.is_demo else self.label
+        return f"{self.label} — {self.note}" if self.note else self.label
 
 
 @dataclass(frozen=True)
@@ -78,32 +80,40 @@ class FitBadge:
 def choice_for(model: ModelRef, size_bytes: int | None = None) -> ModelChoice:
     """How ``model`` is shown (a demo model's file is shown as one wherever it was found)."""
     path = model.local_path() if model.on_disk else None
-    demo = demo_label(path) if path is not None else None
+    demo = demo_identity(path) if path is not None else None
     if size_bytes is None and path is not None:
         size_bytes = path.stat().st_size
     return ModelChoice(
         model=model,
         ref=str(path) if path is not None else model.text,
-        label=demo or model.label,
+        label=demo[0] if demo else model.label,
         kind="demo" if demo else model.kind,
         path=path,
         size_bytes=size_bytes,
         detail=model.origin,
+        note=demo[1] if demo else "",
     )
 
 
-def demo_choice(size: str = "tiny", arch: str = "llama") -> ModelChoice:
+def demo_choice(name: str = DEMO_REF) -> ModelChoice:
+    """A demo model: the trained one by default, ``demo:llama:tiny`` and the like on request."""
     from homelab.models.ref import resolve
 
-    return choice_for(resolve(f"demo:{arch}:{size}"))
+    return choice_for(resolve(name))
 
 
-def demo_label(path: Path) -> str | None:
-    """ "llama tiny demo" for a generated homelab-demo-llama-tiny-v2-F16.gguf, else None."""
+def demo_identity(path: Path) -> tuple[str, str] | None:
+    """(label, note) of a demo model's file wherever it lies, else None: "trained demo" for
+    the shipped homelab-trained-llama-Q4_K_M.gguf, "llama tiny demo" (random weights) for a
+    generated homelab-demo-llama-tiny-v2-F16.gguf."""
+    from homelab.gguf.demo import TRAINED_STEM
+
+    if path.stem.startswith(f"{TRAINED_STEM}-"):
+        return "trained demo", TRAINED_NOTE
     parts = path.stem.split("-")
     if len(parts) < 5 or parts[:2] != ["homelab", "demo"]:
         return None
-    return f"{parts[2]} {parts[3]} demo"
+    return f"{parts[2]} {parts[3]} demo", RANDOM_NOTE
 
 
 def catalogue_choice(slug: str) -> ModelChoice:
@@ -166,7 +176,7 @@ def model_line(choice: ModelChoice) -> str:
     from rich.markup import escape
 
     size = "" if choice.size_bytes is None else f" · {format_gib(choice.size_bytes)}"
-    demo = " [b $warning]demo model, random weights[/]" if choice.is_demo else ""
+    demo = f" [b $warning]{escape(choice.note)}[/]" if choice.note else ""
     where = "" if choice.runnable else " [dim](not downloaded)[/]"
     return f"[b]{escape(choice.label)}[/b]{demo}{where}[dim]{size} · {escape(choice.detail)}[/]"
 
@@ -341,7 +351,7 @@ def loaded_line(choice: ModelChoice | None, report: LoadReport | None, load_s: s
     from rich.markup import escape
 
     name = escape(choice.label) if choice else "model"
-    demo = " [b $warning](demo model, random weights)[/]" if choice and choice.is_demo else ""
+    demo = f" [b $warning]({escape(choice.note)})[/]" if choice and choice.note else ""
     summary = report.summary() if report is not None else "loaded"
     slots = ""
     if report is not None:

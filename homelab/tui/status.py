@@ -19,7 +19,7 @@ def status_document(model: str | None, hardware: HardwareSource | None = None) -
             "label": choice.label,
             "kind": choice.kind,
             "demo": choice.is_demo,
-            "note": services.DEMO_LABEL if choice.is_demo else None,
+            "note": choice.note or None,
             "path": str(choice.path) if choice.path else None,
         },
         "hardware": report.to_dict(),

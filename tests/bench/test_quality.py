@@ -23,8 +23,8 @@ from homelab.bench.store import load_last_quality, quality_file, save_quality
 from homelab.bench.weights import most_precise, sibling_files
 from homelab.errors import BenchError
 
-CTX = 256
-CHUNKS = 2
+CTX = 128
+CHUNKS = 4
 
 
 def config(path: Path, kv: str, label: str | None = None) -> QualityConfig:
@@ -37,11 +37,16 @@ def tiny(demo_model: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def kv_result(tiny: Path) -> QualityResult:
-    text, source = read_text(None)
-    candidates = [config(tiny, "f16", "self"), config(tiny, "q8_0"), config(tiny, "q4_0")]
+def kv_result() -> QualityResult:
+    """The shipped trained model on its held-out text: divergences of a model that has learned
+    something (random weights spread their probability almost evenly)."""
+    from homelab.gguf.demo import TRAINED_DIR, trained_model_path
+
+    trained = trained_model_path("F16")
+    text, source = read_text(TRAINED_DIR / "heldout.txt")
+    candidates = [config(trained, "f16", "self"), config(trained, "q8_0"), config(trained, "q4_0")]
     return measure_quality(
-        config(tiny, "f16", "reference"),
+        config(trained, "f16", "reference"),
         candidates,
         text,
         model_name="tiny demo",
@@ -66,6 +71,7 @@ def test_q4_0_cache_diverges_more_than_q8_0(kv_result: QualityResult) -> None:
     assert q8.kld_p99 < q4.kld_p99
     assert q8.top1_agreement >= q4.top1_agreement
     assert q4.top1_agreement < 1.0
+    assert kv_result.reference_perplexity < 50  # trained: far below its 2048-token vocabulary
 
 
 def test_counts_scored_positions_of_the_second_half_of_each_chunk(
@@ -196,3 +202,21 @@ def test_quality_command_reads_a_given_text(
     assert document["saved_to"] is None
     missing = main(["quality", "demo", "--text", str(tmp_path / "nope.txt")])
     assert missing == 1 and "cannot read the text" in capsys.readouterr().err
+
+
+def test_kv_types_llama_cpp_would_refuse_are_skipped_with_a_reason(tiny: Path) -> None:
+    """A model with 48-wide heads (as the first trained demo had) cannot use q8_0 / q4_0
+    caches: the quality run measures the rest and says why those rows are missing."""
+    from dataclasses import replace
+
+    from homelab.bench.plan_quality import unusable_kv_types
+    from homelab.bench.planning import bench_hardware
+    from homelab.gguf.reader import read_model
+
+    info = read_model(tiny)
+    hardware = bench_hardware(None)
+    assert unusable_kv_types(info, hardware, ("f16", "q8_0", "q4_0")) == {}
+    narrow = replace(info, head_dim_k=48, head_dim_v=48)
+    skipped = unusable_kv_types(narrow, hardware, ("f16", "q8_0", "q4_0"))
+    assert set(skipped) == {"q8_0", "q4_0"}
+    assert "multiples of 32" in skipped["q8_0"] and "48" in skipped["q8_0"]

@@ -347,13 +347,18 @@ def test_the_openai_sdk_lists_and_uses_every_model(start: Callable[..., ServerHa
             assert completion.model == name
             replies[name] = completion.choices[0].message.content
         assert len(set(replies.values())) == 3  # three different models answered
+        talkative = next(name for name in names if replies[name])
         stream = client.chat.completions.create(
-            model=names[0],
+            model=talkative,
             messages=PROMPT,
             max_tokens=8,
+            temperature=0,  # greedy: a sampled first token may be EOS (random weights)
             stream=True,  # type: ignore[arg-type]
         )
-        assert any(chunk.choices and chunk.choices[0].delta.content for chunk in stream)
+        streamed = "".join(
+            chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices
+        )
+        assert streamed  # (a cached prefix may change the batch shape: no token-exact check)
         assert client.models.retrieve(names[1]).id == names[1]
         with pytest.raises(openai.NotFoundError):
             client.chat.completions.create(

@@ -14,6 +14,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 from tui_fakes import FakeHardware
 
+from homelab.gguf.demo import TRAINED_DIR
 from homelab.tui.app import HomelabApp, make_app
 from homelab.tui.screens.error import ErrorScreen
 from homelab.tui.screens.picker import ModelPicker
@@ -37,10 +38,17 @@ def model_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lone_demo_mode
     return folder
 
 
-def test_without_local_models_the_default_is_the_demo() -> None:
+def test_without_local_models_the_default_is_the_trained_demo() -> None:
     choice = choose_model(None)
     assert choice.is_demo and choice.runnable
-    assert "demo model, random weights" in choice.title
+    assert choice.path is not None and choice.path.parent == TRAINED_DIR
+    assert "trained on Python's documentation" in choice.title
+    assert "random weights" not in choice.title
+
+
+def test_a_random_weight_demo_says_so() -> None:
+    choice = choose_model("demo:llama:tiny")
+    assert choice.is_demo and "demo model, random weights" in choice.title
 
 
 def test_the_first_local_model_is_the_default(model_folder: Path) -> None:

@@ -62,8 +62,11 @@ Outside the prompt (after Esc), single letters work too:
 | `1`–`4` | pages on a small terminal: overview, plan, chat (its prompt takes the keys), server |
 | `?` / `q` | this help / quit |
 
-A **demo model** has random weights: it runs for real on llama.cpp, so tokens/s are real,
-but its answers are gibberish. Pick a real model with `ctrl+o`, or `homelab pull`.
+The **trained demo model** (the default when no other model is on this machine) is a
+2.6M-parameter llama trained here on Python's documentation: it writes simple English and
+knows nothing. The other **demo models** have random weights: they run for real on llama.cpp,
+so tokens/s are real, but their answers are gibberish. Pick a real model with `ctrl+o`, or
+`homelab pull`.
 """
 
 
