@@ -150,7 +150,10 @@ def encode(sp: spm.SentencePieceProcessor, text: str, chat: bool = True) -> torc
     chat turn repeats its question and would flatter the figure)."""
     ids: list[int] = []
     for i, para in enumerate(text.split("\n\n")):
-        ids += [vocab.BOS_ID, *sp.encode(as_chat(para) if chat and i % 2 else para)]
+        if chat and i % 2:
+            ids += [vocab.BOS_ID, *sp.encode(as_chat(para))]  # ends with <|im_end|>
+        else:
+            ids += [vocab.BOS_ID, *sp.encode(para), vocab.EOS_ID]  # a plain text ends too
     return torch.tensor(ids, dtype=torch.long)
 
 
@@ -352,6 +355,7 @@ def main() -> None:
         "git_commit": subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
         ).stdout.strip(),
+        "modules": MODULES,
         "data": f"docstrings of {len(MODULES)} stdlib modules (Python {sys.version.split()[0]}); "
         f"every {HELD_OUT_EVERY}th module (index % {HELD_OUT_EVERY} == 5) held out",
         "train_tokens": result["train_tokens"],

@@ -20,6 +20,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_download_flags(parser)
     flags.add_speculation_flags(parser)
     parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.8,
+        help="chat sampling temperature; 0 = greedy, the same answer every time (0.8)",
+    )
+    parser.add_argument(
         "--rpc",
         metavar="HOST:PORT[,...]",
         help="also plan and load over these llama.cpp RPC workers (`homelab worker`)",
@@ -42,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     make_app(
         _downloaded(args),
         speculation=flags.speculation(args),
+        chat_temperature=args.temperature,
         rpc=flags.rpc_endpoints(args),
         rpc_budget_bytes=flags.size(args.rpc_budget),
     ).run()

@@ -85,8 +85,11 @@ class DemoModel:
     arch: str
     size: str
     quant: str
-    origin: ClassVar[str] = "generated locally"
     kind: ClassVar[Kind] = "demo"
+
+    @property
+    def origin(self) -> str:
+        return "shipped with homelab" if self.arch == "trained" else "generated locally"
 
     @property
     def label(self) -> str:

@@ -116,6 +116,7 @@ class HomelabApp(App[None]):
         hardware_refresh_s: float = HARDWARE_REFRESH_S,
         verify_plans: bool = True,
         chat_max_tokens: int = services.CHAT_MAX_TOKENS,
+        chat_temperature: float = services.CHAT_TEMPERATURE,
         speculation: SpeculationConfig | None = None,
         rpc: tuple[str, ...] = (),
         rpc_budget_bytes: int | None = None,
@@ -130,7 +131,9 @@ class HomelabApp(App[None]):
         self.hardware = HardwareController(self, source, frozen=frozen, rpc=rpc, budget=budget)
         self.plans = PlanController(self, verify=verify_plans, rpc=rpc, rpc_budget_bytes=budget)
         self.live = LiveController(self, self.plans, frozen=frozen, speculation=speculation)
-        self.chat = ChatController(self, self.live, max_tokens=chat_max_tokens, frozen=frozen)
+        self.chat = ChatController(
+            self, self.live, max_tokens=chat_max_tokens, temperature=chat_temperature, frozen=frozen
+        )
         self.serving = ServerController(
             self, self.live, host=server_host, port=server_port, frozen=frozen
         )
@@ -388,6 +391,7 @@ def make_app(
     hardware_refresh_s: float = HARDWARE_REFRESH_S,
     verify_plans: bool | None = None,
     chat_max_tokens: int = services.CHAT_MAX_TOKENS,
+    chat_temperature: float = services.CHAT_TEMPERATURE,
     speculation: SpeculationConfig | None = None,
     rpc: tuple[str, ...] = (),
     rpc_budget_bytes: int | None = None,
@@ -409,6 +413,7 @@ def make_app(
         hardware_refresh_s=hardware_refresh_s,
         verify_plans=not frozen_live if verify_plans is None else verify_plans,
         chat_max_tokens=chat_max_tokens,
+        chat_temperature=chat_temperature,
         speculation=speculation,
         rpc=rpc,
         rpc_budget_bytes=rpc_budget_bytes,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 from homelab.errors import HomelabError
 from homelab.tui.format import human_tokens
 from homelab.tui.knobs import Knobs
-from homelab.units import format_gib
+from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.loader import LoadReport
@@ -175,7 +175,7 @@ def model_line(choice: ModelChoice) -> str:
     """The plan panel's first line (markup)."""
     from rich.markup import escape
 
-    size = "" if choice.size_bytes is None else f" · {format_gib(choice.size_bytes)}"
+    size = "" if choice.size_bytes is None else f" · {format_size(choice.size_bytes)}"
     demo = f" [b $warning]{escape(choice.note)}[/]" if choice.note else ""
     where = "" if choice.runnable else " [dim](not downloaded)[/]"
     return f"[b]{escape(choice.label)}[/b]{demo}{where}[dim]{size} · {escape(choice.detail)}[/]"
@@ -328,6 +328,7 @@ def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> Mod
 # --- running ---------------------------------------------------------------------------------
 
 CHAT_MAX_TOKENS = 256
+CHAT_TEMPERATURE = 0.8  # the engine's default sampling; 0 = greedy (`homelab tui --temperature`)
 
 
 def load_engine(
@@ -365,8 +366,10 @@ def submit_chat(
     history: list[dict[str, str]],
     tenant: str,
     max_tokens: int = CHAT_MAX_TOKENS,
+    temperature: float = CHAT_TEMPERATURE,
 ) -> AnswerStream:
-    """Render the conversation with the model's chat template and submit it.
+    """Render the conversation with the model's chat template and submit it (``temperature``
+    0: greedy).
 
     A model without a usable template gets the last prompt as plain text. When the whole
     conversation no longer fits a slot, only the last turn is sent.
@@ -374,7 +377,9 @@ def submit_chat(
     from homelab.engine.api import GenerationRequest, SamplingParams
     from homelab.errors import ContextLengthError
 
-    sampling = SamplingParams(max_tokens=min(max_tokens, engine.n_ctx_per_slot // 2))
+    sampling = SamplingParams(
+        temperature=temperature, max_tokens=min(max_tokens, engine.n_ctx_per_slot // 2)
+    )
 
     def request(turns: list[dict[str, str]]) -> AnswerStream:
         prompt = _chat_prompt(engine, turns)

@@ -70,7 +70,6 @@ def test_q4_0_cache_diverges_more_than_q8_0(kv_result: QualityResult) -> None:
     assert 0.0 < q8.kld_mean < q4.kld_mean
     assert q8.kld_p99 < q4.kld_p99
     assert q8.top1_agreement >= q4.top1_agreement
-    assert q4.top1_agreement < 1.0
     assert kv_result.reference_perplexity < 50  # trained: far below its 2048-token vocabulary
 
 

@@ -3,38 +3,17 @@
 
 from __future__ import annotations
 
-import importlib
-import re
 import time
-import warnings
 
 from textual.pilot import Pilot
+from trained_words import word_share
 from tui_fakes import FakeHardware
 
-from homelab.gguf import demo
 from homelab.tui import services
 from homelab.tui.app import make_app
 from homelab.tui.widgets.chat import ChatPanel
 
 WAIT_S = 120.0
-MODULES = ("builtins", "collections", "json", "os", "pathlib", "re", "string", "time")
-
-
-def corpus_words() -> set[str]:
-    """Words of the shipped held-out text and of some stdlib docstrings (the training data)."""
-    texts = [(demo.TRAINED_DIR / "heldout.txt").read_text(encoding="utf-8")]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for name in MODULES:
-            mod = importlib.import_module(name)
-            texts += [str(getattr(getattr(mod, a, None), "__doc__", "") or "") for a in dir(mod)]
-    return set(re.findall(r"[a-z]+", " ".join(texts).lower()))
-
-
-def word_share(text: str) -> tuple[int, float]:
-    tokens = re.findall(r"[a-z]+", text.lower())
-    words = corpus_words()
-    return len(tokens), (sum(t in words for t in tokens) / len(tokens) if tokens else 0.0)
 
 
 async def wait_until(pilot: Pilot[None], condition, what: str) -> None:  # type: ignore[no-untyped-def]
@@ -50,7 +29,9 @@ def test_default_model_is_the_trained_one() -> None:
 
 
 async def test_default_models_answer_shows_real_words(cpu_machine: FakeHardware) -> None:
-    app = make_app(hardware_provider=cpu_machine, frozen_live=True, chat_max_tokens=40)
+    app = make_app(
+        hardware_provider=cpu_machine, frozen_live=True, chat_max_tokens=40, chat_temperature=0
+    )
     async with app.run_test(size=(160, 48)) as pilot:
         chat = app.screen.query_one(ChatPanel)
         await pilot.press("i", *"Return the value", "enter")

@@ -115,7 +115,11 @@ async def test_load_chat_cancel_and_serve(
 
     monkeypatch.setattr(services, "load_engine", slow_load)
     app = make_app(
-        "demo", hardware_provider=cpu_machine, server_port=free_port(), chat_max_tokens=32
+        "demo",
+        hardware_provider=cpu_machine,
+        server_port=free_port(),
+        chat_max_tokens=32,
+        chat_temperature=0,  # greedy: a sampled answer could end at once (random weights)
     )
     async with app.run_test(size=(160, 48)) as pilot:
         await planned(app, pilot)

@@ -30,11 +30,18 @@ class ChatController:
     panel: ChatPanel  # attached once the dashboard is mounted
 
     def __init__(
-        self, app: App[None], live: LiveController, *, max_tokens: int, frozen: bool
+        self,
+        app: App[None],
+        live: LiveController,
+        *,
+        max_tokens: int,
+        temperature: float,
+        frozen: bool,
     ) -> None:
         self.app = app
         self.live = live  # the engine to ask, and the load to wait for
         self.max_tokens = max_tokens
+        self.temperature = temperature
         self.frozen = frozen
         self.answer: AnswerStream | None = None  # the answer being streamed
         self.text = TextBuffer()
@@ -57,7 +64,7 @@ class ChatController:
         await self.panel.begin_answer(prompt)
         try:
             self.answer = services.submit_chat(
-                engine, self.panel.history, CHAT_TENANT, self.max_tokens
+                engine, self.panel.history, CHAT_TENANT, self.max_tokens, self.temperature
             )
         except HomelabError as error:
             self.panel.finish_answer("error", None, frozen=self.frozen)
