@@ -5,7 +5,9 @@ concurrency × K/V-type table, saved as a hardware profile the planner predicts 
    (a warm-up, then repeated runs: median and spread);
 2. for each K/V type and concurrency 1…64 at a fixed context per request: "does not fit"
    where the planner says so, else aggregate decode tok/s, per-stream tok/s, TTFT p50/p95;
-3. the figures are saved in ``data_dir()/profiles/``; the planner then reports
+3. with ``--spec ngram`` / ``--draft MODEL``: the tg run plain and speculating, side by side
+   (:mod:`homelab.bench.speculative`);
+4. the figures are saved in ``data_dir()/profiles/``; the planner then reports
    ``predicted.basis = "measured"`` for these settings on this machine.
 
 It refuses to run while a homelab server is running (see :mod:`homelab.lock`).
@@ -25,7 +27,9 @@ from homelab.settings import KV_TYPES, Settings
 if TYPE_CHECKING:
     from homelab.bench.concurrency import ConcurrencyTable, Progress
     from homelab.bench.profile import SpeedResult
+    from homelab.bench.speculative import SpeculationResult
     from homelab.engine.engine import Engine
+    from homelab.engine.speculation import SpeculationConfig
     from homelab.gguf.model import ModelInfo
     from homelab.planner.budget import Hardware
 
@@ -49,6 +53,7 @@ class BenchOptions:
     levels: tuple[int, ...] = concurrency.CONCURRENCY_LEVELS
     kv_types: tuple[str, ...] = concurrency.KV_TYPES
     repeat: int = 1  # runs per cell, median kept
+    speculation: SpeculationConfig | None = None  # also measure tg with it, beside plain
 
     def check(self) -> None:
         numbers = {"--pp": self.pp, "--tg": self.tg, "--reps": self.reps, "--repeat": self.repeat}
@@ -60,6 +65,11 @@ class BenchOptions:
                 raise BenchError(f"{flag} must be at least 1 (got {value})")
         if not self.levels or min(self.levels) < 1:
             raise BenchError(f"--levels needs numbers of at least 1 (got {self.levels})")
+        if self.speculation is not None and self.only == "table":
+            raise BenchError(
+                "--spec / --draft measure the speed part, which --only table leaves out",
+                hint="Drop --only table, or use --only speed.",
+            )
         unknown = [kv for kv in self.kv_types if kv not in KV_TYPES]
         if unknown or not self.kv_types:
             raise BenchError(
@@ -73,6 +83,8 @@ class BenchOptions:
         from homelab.bench.profile import WARMUPS
 
         steps = 0 if self.only == "table" else 2 * (WARMUPS + self.reps)
+        if self.speculation is not None:
+            steps += 2 * (WARMUPS + self.reps)
         if self.only != "speed":
             steps += len(self.kv_types) * len(self.levels)
         return steps
@@ -93,6 +105,7 @@ class BenchOutcome:
     profile_path: str | None
     load_average: float  # 1-minute load average before starting (other processes' CPU use)
     cpu_count: int
+    speculation: SpeculationResult | None = None
 
     @property
     def busy_machine_note(self) -> str | None:
@@ -116,6 +129,7 @@ class BenchOutcome:
             "load_average": self.load_average,
             "cpu_count": self.cpu_count,
             "warning": self.busy_machine_note,
+            "speculation": self.speculation.to_dict() if self.speculation else None,
         }
 
 
@@ -135,6 +149,9 @@ def measure(path: Path, options: BenchOptions, progress: Progress | None = None)
     min_ctx = max(options.pp + 1, TG_PROMPT_TOKENS + options.tg)
     settings = planning.planned(info, hardware, min_ctx).settings
     speed = None if options.only == "table" else _speed(options, path, settings, progress)
+    speculation = None
+    if options.speculation is not None:
+        speculation = _speculation(options, path, settings, options.speculation, progress)
     table = None
     if options.only != "speed":
         table = _table(options, path, info, hardware, progress)
@@ -153,6 +170,7 @@ def measure(path: Path, options: BenchOptions, progress: Progress | None = None)
         profile_path=saved,
         load_average=load_average,
         cpu_count=cpu_count,
+        speculation=speculation,
     )
 
 
@@ -180,6 +198,26 @@ def _speed(
         )  # fmt: skip
     finally:
         engine.close()
+
+
+def _speculation(
+    options: BenchOptions,
+    path: Path,
+    settings: Settings,
+    config: SpeculationConfig,
+    progress: Progress | None,
+) -> SpeculationResult:
+    from homelab.bench.speculative import run_speculation
+
+    return run_speculation(
+        path,
+        settings,
+        config,
+        threads=options.threads,
+        generated_tokens=options.tg,
+        repetitions=options.reps,
+        progress=progress,
+    )
 
 
 def _table(

@@ -91,12 +91,16 @@ class SpeedResult:
 
 
 def run_one(
-    engine: Engine, prompts: PromptSource, prompt_tokens: int, max_tokens: int
+    engine: Engine,
+    prompts: PromptSource,
+    prompt_tokens: int,
+    max_tokens: int,
+    prompt: tuple[int, ...] | None = None,
 ) -> RequestStats:
-    """One greedy request with its own prompt and tenant; its stats."""
+    """One greedy request with its own prompt (or ``prompt``) and tenant; its stats."""
     request = GenerationRequest(
         tenant=prompts.tenant(),
-        prompt=prompts.prompt(prompt_tokens),
+        prompt=prompt if prompt is not None else prompts.prompt(prompt_tokens),
         sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
     )
     finish = None

@@ -26,6 +26,7 @@ from rich.text import Text
 from homelab.bench.concurrency import ConcurrencyTable, LevelResult
 from homelab.bench.profile import SpeedResult, Spread
 from homelab.bench.quality import QualityResult, QualityRow, perplexity_change
+from homelab.bench.speculative import SpeculationResult
 from homelab.settings import Settings
 from homelab.units import format_mib
 
@@ -126,6 +127,33 @@ def speed_table(result: SpeedResult) -> Table:
     return table
 
 
+def speculation_table(result: SpeculationResult) -> Table:
+    table = Table(
+        title=f"Speculative decoding: {result.label} "
+        f"(tg{result.generated_tokens}, {result.repetitions} interleaved runs after a warm-up)",
+        caption="Only the plain figures go into the hardware profile.",
+        title_justify="left",
+    )
+    table.add_column("decode")
+    table.add_column("median tok/s", justify="right")
+    table.add_column("min – max", justify="right")
+    table.add_column("vs plain", justify="right")
+    table.add_column("accepted", justify="right")
+    table.add_column("tokens/step", justify="right")
+    table.add_row("plain", tok_s(result.plain_tok_s.median), _range(result.plain_tok_s), "", "", "")
+    acceptance = result.acceptance_rate
+    per_step = result.tokens_per_target_step
+    table.add_row(
+        result.kind,
+        tok_s(result.speculative_tok_s.median),
+        _range(result.speculative_tok_s),
+        f"{result.ratio:.2f}×",
+        "—" if acceptance is None else f"{acceptance:.0%}",
+        "—" if per_step is None else f"{per_step:.2f}",
+    )
+    return table
+
+
 def _range(spread: Spread) -> str:
     return f"{tok_s(spread.low)} – {tok_s(spread.high)}"
 
@@ -213,10 +241,13 @@ def bench_report(
     table: ConcurrencyTable | None,
     profile_path: str | None,
     warning: str | None = None,
+    speculation: SpeculationResult | None = None,
 ) -> list[RenderableType]:
     parts: list[RenderableType] = []
     if speed is not None:
         parts.append(speed_table(speed))
+    if speculation is not None:
+        parts.append(speculation_table(speculation))
     if table is not None:
         parts += [concurrency_table(table), concurrency_chart(table)]
     if warning:

@@ -52,6 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--kv-types", default=DEFAULT_KV_TYPES, help=f"K/V types ({DEFAULT_KV_TYPES})"
     )
     table.add_argument("--repeat", type=int, default=1, help="runs per cell, median kept (1)")
+    flags.add_speculation_flags(parser)  # the tg run, plain and speculating side by side
     flags.add_download_flags(parser)
 
 
@@ -70,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(outcome.to_dict(), indent=2))
         return 0
     report = bench_report(
-        outcome.speed, outcome.table, outcome.profile_path, outcome.busy_machine_note
+        outcome.speed,
+        outcome.table,
+        outcome.profile_path,
+        outcome.busy_machine_note,
+        speculation=outcome.speculation,
     )
     print_all(report)
     return 0
@@ -94,6 +99,7 @@ def bench_options(args: argparse.Namespace) -> BenchOptions:
         levels=int_list(args.levels, "--levels"),
         kv_types=tuple(kv.strip() for kv in args.kv_types.split(",") if kv.strip()),
         repeat=args.repeat,
+        speculation=flags.speculation(args),
     )
 
 

@@ -313,6 +313,11 @@ def add_speculation_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--draft-max", type=int, default=8, metavar="N", help="most tokens drafted per step (8)"
     )
+    group.add_argument(
+        "--draft-fixed",
+        action="store_true",
+        help="draft --draft-max tokens every step instead of adapting to what pays",
+    )
 
 
 def add_draft_flag(parser: argparse.ArgumentParser) -> None:
@@ -351,10 +356,13 @@ def speculation(args: argparse.Namespace) -> SpeculationConfig | None:
     from homelab.engine.speculation import SpeculationConfig
 
     most = positive(getattr(args, "draft_max", None), "--draft-max") or 8
+    adaptive = not getattr(args, "draft_fixed", False)
     if draft:
         path = model_ref(draft).local_path()
-        return SpeculationConfig("draft", draft_path=path, max_draft_tokens=most).checked()
-    return SpeculationConfig("ngram", max_draft_tokens=most).checked()
+        return SpeculationConfig(
+            "draft", draft_path=path, max_draft_tokens=most, adaptive=adaptive
+        ).checked()
+    return SpeculationConfig("ngram", max_draft_tokens=most, adaptive=adaptive).checked()
 
 
 def unplanned_settings(args: argparse.Namespace) -> Settings:
