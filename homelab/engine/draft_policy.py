@@ -27,8 +27,10 @@ became good again is noticed (the costs are measured, and stay true).
 overhead in Python, sampling every verified row, acceptance below the geometric model) can
 make speculation lose while the model says it wins. So :class:`StepVerdict` measures whole
 engine steps — from the proposal to the end of the target's decode, seconds per emitted
-token — separately for steps that speculated and steps that did not, per number of
-generating sequences (a few plain steps are taken once to compare with, if the plan never
+token over the recent steps of each kind (their seconds summed over their tokens summed: a
+median of per-step ratios would let the steps whose drafts were all rejected, one token each,
+outvote the ones that kept four) — separately for steps that speculated and steps that did
+not, per number of generating sequences (a few plain steps are taken once to compare with, if the plan never
 chose one). When speculating steps are measurably slower (by
 :data:`VERDICT_MARGIN`), speculation is off for that many sequences for
 :data:`BACKOFF_STEPS` steps, doubling (up to :data:`MAX_BACKOFF_STEPS`) each time a probe
@@ -55,8 +57,8 @@ PROBE_INTERVAL = 64  # plain steps between optimistic plans
 PROBE_ACCEPTANCE = 0.9
 RECENT = 7  # measurements kept per row count
 TRUSTED = 3  # batch measurements before batch times are believed (the first are slow)
-VERDICT_SAMPLES = 4  # whole steps of each kind measured before a verdict
-VERDICT_RECENT = 9  # whole-step measurements kept per kind and batch size
+VERDICT_SAMPLES = 6  # whole steps of each kind measured before a verdict
+VERDICT_RECENT = 16  # whole-step measurements kept per kind and batch size
 VERDICT_MARGIN = 0.02  # speculating steps must be this much faster per token to stay on
 BACKOFF_STEPS = 128  # plain steps after speculation was measured to lose
 MAX_BACKOFF_STEPS = 4096
@@ -134,10 +136,10 @@ class StepCost:
 
 @dataclass
 class _Verdict:
-    """Whole-step seconds per emitted token at one batch size, by kind of step."""
+    """Whole steps at one batch size, by kind of step: (seconds, tokens emitted) each."""
 
-    plain: deque[float]
-    speculating: deque[float]
+    plain: deque[tuple[float, int]]
+    speculating: deque[tuple[float, int]]
     paused: int = 0  # plain steps still to go before speculation may be tried again
     backoff: int = BACKOFF_STEPS  # the next pause, if the next probe loses too
 
@@ -177,7 +179,7 @@ class StepVerdict:
         if tokens <= 0 or seconds <= 0:
             return
         verdict = self._at(n_sequences)
-        (verdict.speculating if speculated else verdict.plain).append(seconds / tokens)
+        (verdict.speculating if speculated else verdict.plain).append((seconds, tokens))
         if verdict.paused <= 0:
             self._judge(verdict)
 
@@ -185,7 +187,7 @@ class StepVerdict:
     def _judge(verdict: _Verdict) -> None:
         if min(len(verdict.plain), len(verdict.speculating)) < VERDICT_SAMPLES:
             return
-        plain, speculating = _median(verdict.plain), _median(verdict.speculating)
+        plain, speculating = _per_token(verdict.plain), _per_token(verdict.speculating)
         if speculating * (1.0 + VERDICT_MARGIN) <= plain:
             verdict.backoff = BACKOFF_STEPS  # it wins: a later loss pauses briefly again
             return
@@ -193,9 +195,9 @@ class StepVerdict:
         verdict.backoff = min(2 * verdict.backoff, MAX_BACKOFF_STEPS)
 
 
-def _median(values: deque[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+def _per_token(steps: deque[tuple[float, int]]) -> float:
+    """Seconds per emitted token over ``steps``: all their time over all their tokens."""
+    return sum(seconds for seconds, _ in steps) / sum(tokens for _, tokens in steps)
 
 
 class DraftPolicy:
