@@ -30,8 +30,8 @@ engine steps — from the proposal to the end of the target's decode, seconds pe
 token over the recent steps of each kind (their seconds summed over their tokens summed: a
 median of per-step ratios would let the steps whose drafts were all rejected, one token each,
 outvote the ones that kept four) — separately for steps that speculated and steps that did
-not, per number of generating sequences (a few plain steps are taken once to compare with, if the plan never
-chose one). When speculating steps are measurably slower (by
+not, per number of generating sequences (a few plain steps are taken once to compare with,
+if the plan never chose one). When speculating steps are measurably slower (by
 :data:`VERDICT_MARGIN`), speculation is off for that many sequences for
 :data:`BACKOFF_STEPS` steps, doubling (up to :data:`MAX_BACKOFF_STEPS`) each time a probe
 after the pause loses again, and back to the start when one wins; the optimistic plans

@@ -117,6 +117,32 @@ def _render_engine(out: _Exposition, m: EngineMetrics) -> None:
     out.header("homelab_engine_requests_total", "counter", "engine requests by final status")
     for status, count in sorted(m.requests_by_status.items()):
         out.sample("homelab_engine_requests_total", count, status=status)
+    if m.speculation is not None:
+        _render_speculation(out, m)
+
+
+def _render_speculation(out: _Exposition, m: EngineMetrics) -> None:
+    """Only for an engine that speculates (``--spec ngram`` / ``--draft``)."""
+    out.counter(
+        "homelab_draft_tokens_total", "drafted tokens the model verified", m.draft_tokens_total
+    )
+    out.counter(
+        "homelab_accepted_draft_tokens_total",
+        "drafted tokens the model kept",
+        m.accepted_draft_tokens_total,
+    )
+    if m.acceptance_rate is not None:
+        out.gauge(
+            "homelab_draft_acceptance_ratio",
+            "rolling share of drafted tokens kept",
+            m.acceptance_rate,
+        )
+    if m.tokens_per_target_step is not None:
+        out.gauge(
+            "homelab_tokens_per_target_step",
+            "rolling tokens a generating sequence gains per model step (1: no speculation)",
+            m.tokens_per_target_step,
+        )
 
 
 class _Exposition:

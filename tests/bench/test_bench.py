@@ -11,8 +11,6 @@ each step" is the effect itself. The two configurations run interleaved.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -96,16 +94,22 @@ def test_table_shows_f16_running_out_of_room_before_q8_0(
     assert document["load_average"] >= 0 and document["cpu_count"] >= 1
 
 
-def tokens_per_cpu_second(engine: Engine, prompts: PromptSource, concurrency: int) -> float:
-    """Generated tokens per second of this process's CPU time (see the module docstring)."""
-    started = time.process_time()
-    traces = run_concurrent(engine, prompts, concurrency, 16, 48)
-    return sum(t.stats.completion_tokens for t in traces) / (time.process_time() - started)
+def tokens_per_step(engine: Engine, prompts: PromptSource, concurrency: int) -> float:
+    """Generated tokens per llama_decode while ``concurrency`` requests run together."""
+    before = engine.metrics()
+    run_concurrent(engine, prompts, concurrency, 16, 32)
+    after = engine.metrics()
+    tokens = after.decode_tokens_total - before.decode_tokens_total
+    return tokens / (after.steps_total - before.steps_total)
 
 
-def test_q8_0_at_its_highest_fitting_concurrency_outruns_f16(
+def test_q8_0_at_its_highest_fitting_concurrency_decodes_more_tokens_per_step(
     demo_model: Callable[..., Path],
 ) -> None:
+    """Where f16 fits one request and q8_0 two, q8_0 gets more tokens out of each pass over
+    the weights (llama_decode). Counted in steps, not timed: how much faster that is on this
+    machine is a benchmark's figure (`homelab bench`, benchmarks/RESULTS.md: q8_0 +20 %), and
+    wall or CPU time on two shared cores swung too much for a test."""
     path = demo_model("llama", "tiny")
     info = read_model(path)
     check = planning.fit_check(info, planning.bench_hardware(crossover_budget(path)), CTX)
@@ -118,13 +122,10 @@ def test_q8_0_at_its_highest_fitting_concurrency_outruns_f16(
         Engine.load(path, replace(q8.settings, **one_thread), on_oom_ladder=False) as q8_engine,
     ):
         prompts = PromptSource.from_tokenizer(lambda t: f16_engine.tokenize(t, add_bos=False))
-        run_concurrent(f16_engine, prompts, 1, 16, 4)  # warm-ups
-        run_concurrent(q8_engine, prompts, 2, 16, 4)
-        f16_rates, q8_rates = [], []
-        for _ in range(5):  # interleaved, so that both see the same machine
-            f16_rates.append(tokens_per_cpu_second(f16_engine, prompts, 1))
-            q8_rates.append(tokens_per_cpu_second(q8_engine, prompts, 2))
-    assert statistics.median(q8_rates) > 1.1 * statistics.median(f16_rates)
+        f16_per_step = tokens_per_step(f16_engine, prompts, 1)
+        q8_per_step = tokens_per_step(q8_engine, prompts, 2)
+    assert f16_per_step <= 1.0
+    assert q8_per_step > 1.5 * f16_per_step
 
 
 def test_saved_profile_makes_the_planner_predict_from_measurements(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from pydantic import ValidationError
@@ -151,3 +152,32 @@ def test_forced_call_grammar_wraps_the_schema() -> None:
     grammar = forced_call_grammar(tools, None, tagged=True)
     assert grammar.startswith('root ::= "<tool_call>"') and "homelab-tool-call ::=" in grammar
     assert forced_call_grammar(tools, "f", tagged=False).startswith("root ::= homelab-tool-call")
+
+
+def test_metrics_show_speculation_only_for_an_engine_that_speculates() -> None:
+    plain = EngineMetrics(
+        prefill_tok_s=100.0,
+        decode_tok_s=50.0,
+        active_slots=1,
+        n_slots=1,
+        queue_depth=0,
+        kv_cells_used=0,
+        kv_cells_total=512,
+        requests_total=1,
+        requests_by_status={},
+        last_ttft_s=None,
+    )
+    assert "draft" not in ServerMetrics().render(plain, "tiny")
+    drafting = replace(
+        plain,
+        speculation="draft",
+        draft_tokens_total=40,
+        accepted_draft_tokens_total=30,
+        acceptance_rate=0.75,
+        tokens_per_target_step=3.5,
+    )
+    text = ServerMetrics().render(drafting, "tiny")
+    assert 'homelab_draft_tokens_total{model="tiny"} 40' in text
+    assert 'homelab_accepted_draft_tokens_total{model="tiny"} 30' in text
+    assert 'homelab_draft_acceptance_ratio{model="tiny"} 0.75' in text
+    assert 'homelab_tokens_per_target_step{model="tiny"} 3.5' in text
