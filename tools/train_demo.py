@@ -309,12 +309,14 @@ def write_model(result: dict[str, object], folder: Path) -> tuple[Path, Path]:
     model, vocabulary = result["model"], result["vocab"]
     assert isinstance(model, Llama) and isinstance(vocabulary, vocab.Vocabulary)
 
-    def metadata(writer) -> None:  # type: ignore[no-untyped-def]
-        demo._write_hparams(writer, SPEC, STEM)
-        writer.add_description("small demo model trained on Python's documentation")
-        demo._write_tokenizer(writer, N_VOCAB, vocabulary)
-
-    f16 = demo.write_gguf(folder / f"{STEM}-F16.gguf", "llama", metadata, model.gguf_tensors())
+    f16 = demo.write_spec_model(
+        folder / f"{STEM}-F16.gguf",
+        SPEC,
+        STEM,
+        tensors=model.gguf_tensors(),
+        vocabulary=vocabulary,
+        description="small demo model trained on Python's documentation",
+    )
     q4 = folder / f"{STEM}-Q4_K_M.gguf"
     quantize_file(f16, q4, "Q4_K_M")
     q4.chmod(0o644)

@@ -28,7 +28,7 @@ MIN_CTX = 16
 class QualityOptions:
     """The ``homelab quality`` flags."""
 
-    text: Path | None = None  # None: the bundled essay
+    text: Path | None = None  # None: the trained demo's held-out text, else the bundled essay
     n_ctx: int = 512  # tokens per chunk
     max_chunks: int | None = None
     kv_types: tuple[str, ...] = COMPARED_KV_TYPES
@@ -53,6 +53,7 @@ def measure_plan_quality(
 ) -> tuple[QualityResult, str | None]:
     """The quality cost of the plan for ``path``, and where the result was saved (or None)."""
     from homelab.bench import planning, quality, store, weights
+    from homelab.gguf.demo import held_out_text
     from homelab.gguf.reader import read_model
     from homelab.lock import refuse_if_server_running
 
@@ -78,7 +79,7 @@ def measure_plan_quality(
         raise BenchError(
             f"--ctx {options.n_ctx} is too small", hint=f"Use at least {MIN_CTX} (512 is usual)."
         )
-    text, source = quality.read_text(options.text)
+    text, source = quality.read_text(options.text or held_out_text(path))
     result = quality.measure_quality(
         comparison.reference,
         comparison.candidates,

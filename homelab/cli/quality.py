@@ -38,14 +38,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_download_flags(parser)
 
 
-def _default_text(path: Path) -> Path | None:
-    """The trained demo model is read on its held-out text; others on the bundled essay."""
-    from homelab.gguf.demo import TRAINED_DIR
-
-    held_out = TRAINED_DIR / "heldout.txt"
-    return held_out if path.parent == TRAINED_DIR and held_out.is_file() else None
-
-
 def run(args: argparse.Namespace) -> int:
     from homelab.bench.plan_quality import QualityOptions, measure_plan_quality
     from homelab.bench.planning import bench_hardware, parse_budget
@@ -55,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     path = flags.local_model(args, hardware=bench_hardware(budget_bytes)).local_path()
     reference = flags.model_ref(args.reference).local_path() if args.reference else None
     options = QualityOptions(
-        text=Path(args.text) if args.text else _default_text(path),
+        text=Path(args.text) if args.text else None,
         n_ctx=args.ctx,
         max_chunks=args.chunks,
         kv_types=tuple(kv.strip() for kv in args.kv_types.split(",") if kv.strip()),

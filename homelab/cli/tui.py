@@ -9,6 +9,7 @@ import argparse
 import json
 
 from homelab.cli import flags
+from homelab.engine.api import DEFAULT_TEMPERATURE
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -22,8 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--temperature",
         type=float,
-        default=0.8,
-        help="chat sampling temperature; 0 = greedy, the same answer every time (0.8)",
+        default=DEFAULT_TEMPERATURE,
+        help=f"chat sampling temperature; 0 = greedy, the same answer every time "
+        f"({DEFAULT_TEMPERATURE})",
     )
     parser.add_argument(
         "--rpc",

@@ -17,9 +17,12 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
+DEFAULT_TEMPERATURE = 0.8  # sampling when a request names none (0 = greedy)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.8  # 0 => greedy
+    temperature: float = DEFAULT_TEMPERATURE  # 0 => greedy
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05

@@ -213,10 +213,15 @@ def _tensors(s: ArchSpec, seed: int) -> Iterator[Tensor]:
     yield "output.weight", w.matrix(s.n_embd, s.n_vocab, scale=4.0 / np.sqrt(s.n_embd))
 
 
-def _write_hparams(writer: gguf.GGUFWriter, s: ArchSpec, name: str) -> None:
+RANDOM_DESCRIPTION = "homelab demo model: RANDOM WEIGHTS, output is meaningless"
+
+
+def _write_hparams(
+    writer: gguf.GGUFWriter, s: ArchSpec, name: str, description: str = RANDOM_DESCRIPTION
+) -> None:
     a = s.arch
     writer.add_name(name)
-    writer.add_description("homelab demo model: RANDOM WEIGHTS, output is meaningless")
+    writer.add_description(description)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(s.context_length)
     writer.add_embedding_length(s.n_embd)
@@ -299,17 +304,25 @@ def write_f16_model(
 
 
 def write_spec_model(
-    path: Path, spec: ArchSpec, name: str, seed: int = 0, *, split_max_tensors: int = 0
+    path: Path,
+    spec: ArchSpec,
+    name: str,
+    seed: int = 0,
+    *,
+    split_max_tensors: int = 0,
+    tensors: Iterable[Tensor] | None = None,
+    vocabulary: v.Vocabulary | None = None,
+    description: str | None = None,
 ) -> Path:
-    """Write an F16 random-weights model of any ``spec`` (e.g. a larger one for GPU checks)."""
+    """Write a model of any ``spec``: F16 random weights from ``seed`` (e.g. a larger one for
+    GPU checks), or the given ``tensors`` and ``vocabulary`` (the trained demo model)."""
 
     def metadata(writer: gguf.GGUFWriter) -> None:
-        _write_hparams(writer, spec, name)
-        _write_tokenizer(writer, spec.n_vocab)
+        _write_hparams(writer, spec, name, description or RANDOM_DESCRIPTION)
+        _write_tokenizer(writer, spec.n_vocab, vocabulary)
 
-    return write_gguf(
-        path, spec.arch, metadata, _tensors(spec, seed), split_max_tensors=split_max_tensors
-    )
+    weights = _tensors(spec, seed) if tensors is None else tensors
+    return write_gguf(path, spec.arch, metadata, weights, split_max_tensors=split_max_tensors)
 
 
 def write_gguf(
@@ -373,6 +386,13 @@ def trained_model_path(quant: str = "F16") -> Path:
             hint="Use demo:trained or demo:trained:Q4_K_M; re-create with tools/train_demo.py.",
         )
     return path
+
+
+def held_out_text(path: Path) -> Path | None:
+    """The text a model of the shipped trained demo was not trained on (``homelab quality``
+    reads it for that model); None for any other file."""
+    held_out = TRAINED_DIR / "heldout.txt"
+    return held_out if path.parent == TRAINED_DIR and held_out.is_file() else None
 
 
 def _checked_quant(quant: str) -> str:

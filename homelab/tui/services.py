@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from homelab.engine.api import DEFAULT_TEMPERATURE
 from homelab.errors import HomelabError
 from homelab.tui.format import human_tokens
 from homelab.tui.knobs import Knobs
@@ -328,7 +329,7 @@ def pull_choice(choice: ModelChoice, quant: str | None, progress: object) -> Mod
 # --- running ---------------------------------------------------------------------------------
 
 CHAT_MAX_TOKENS = 256
-CHAT_TEMPERATURE = 0.8  # the engine's default sampling; 0 = greedy (`homelab tui --temperature`)
+CHAT_TEMPERATURE = DEFAULT_TEMPERATURE  # `homelab tui --temperature`; 0 = greedy
 
 
 def load_engine(

@@ -78,23 +78,25 @@ def test_exception_mapping() -> None:
     assert api_error_from(ValueError("/etc/passwd")).status == 500
 
 
+SNAPSHOT = EngineMetrics(
+    prefill_tok_s=100.0,
+    decode_tok_s=50.0,
+    active_slots=1,
+    n_slots=4,
+    queue_depth=2,
+    kv_cells_used=512,
+    kv_cells_total=2048,
+    requests_total=1,
+    requests_by_status={"length": 1},
+    last_ttft_s=0.2,
+)
+
+
 def test_metrics_text_has_histogram_and_engine_gauges() -> None:
     metrics = ServerMetrics()
     metrics.observe_response("/v1/chat/completions", 200)
     metrics.observe_generation(RequestStats(10, 4, 5, 0.2, 100.0, 50.0, 0.0))
-    snapshot = EngineMetrics(
-        prefill_tok_s=100.0,
-        decode_tok_s=50.0,
-        active_slots=1,
-        n_slots=4,
-        queue_depth=2,
-        kv_cells_used=512,
-        kv_cells_total=2048,
-        requests_total=1,
-        requests_by_status={"length": 1},
-        last_ttft_s=0.2,
-    )
-    text = metrics.render(snapshot, "tiny")
+    text = metrics.render(SNAPSHOT, "tiny")
     assert 'homelab_time_to_first_token_seconds_bucket{model="tiny",le="0.25"} 1' in text
     assert 'homelab_time_to_first_token_seconds_bucket{model="tiny",le="0.1"} 0' in text
     assert 'homelab_time_to_first_token_seconds_count{model="tiny"} 1' in text
@@ -155,18 +157,7 @@ def test_forced_call_grammar_wraps_the_schema() -> None:
 
 
 def test_metrics_show_speculation_only_for_an_engine_that_speculates() -> None:
-    plain = EngineMetrics(
-        prefill_tok_s=100.0,
-        decode_tok_s=50.0,
-        active_slots=1,
-        n_slots=1,
-        queue_depth=0,
-        kv_cells_used=0,
-        kv_cells_total=512,
-        requests_total=1,
-        requests_by_status={},
-        last_ttft_s=None,
-    )
+    plain = SNAPSHOT
     assert "draft" not in ServerMetrics().render(plain, "tiny")
     drafting = replace(
         plain,
