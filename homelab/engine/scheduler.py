@@ -95,6 +95,9 @@ class RequestHandle:
         self._consumed = False  # the FinishEvent has been handed to the consumer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async_wake: asyncio.Event | None = None
+        # the asyncio consumer is parked on `_async_wake` (set by it, cleared by `push`)
+        self._async_waiting = False
+        self._wake_at_finish = False  # park until the FinishEvent (whole-response readers)
 
     def cancel(self) -> None:
         """Stop generating; the slot is freed at the next step. Safe from any thread."""
@@ -104,7 +107,15 @@ class RequestHandle:
 
     # called by the scheduler thread
     def push(self, event: Event) -> None:
+        """Queue ``event``; wake an asyncio consumer only if it is parked waiting for one
+        (a wake-up costs the loop a self-pipe write and a turn: once per token otherwise) and,
+        for a whole-response reader, only at the finish."""
         self._events.put(event)
+        if not self._async_waiting:
+            return
+        if self._wake_at_finish and not isinstance(event, FinishEvent):
+            return
+        self._async_waiting = False
         loop = self._loop
         if loop is not None:
             try:
@@ -129,7 +140,14 @@ class RequestHandle:
             raise StopIteration
         return self._deliver(self._events.get())
 
-    async def __aiter__(self) -> AsyncIterator[Event]:
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self.events()
+
+    async def events(self, *, wake_at_finish: bool = False) -> AsyncIterator[Event]:
+        """The events in asyncio. ``wake_at_finish``: the consumer's loop is woken once, when
+        the request ends, and then reads every event at once — for callers that answer with
+        the whole response (a non-streaming request would otherwise wake it per token)."""
+        self._wake_at_finish = wake_at_finish
         if self._async_wake is None:
             self._async_wake = asyncio.Event()
             self._loop = asyncio.get_running_loop()
@@ -146,10 +164,17 @@ class RequestHandle:
                 return self._events.get_nowait()
             except queue.Empty:
                 wake.clear()
-            try:  # an event pushed before clear() is seen here; later ones set `wake`
-                return self._events.get_nowait()
+                self._async_waiting = True
+            try:  # an event pushed before the flag was set is seen here; later ones wake us
+                event = self._events.get_nowait()
             except queue.Empty:
-                await wake.wait()
+                try:
+                    await wake.wait()
+                finally:
+                    self._async_waiting = False
+                continue
+            self._async_waiting = False
+            return event
 
     def collect(self) -> Completion:
         """Block until the request ends; return its text, tokens and finish event."""
@@ -168,7 +193,7 @@ class RequestHandle:
         texts: list[str] = []
         tokens: list[int] = []
         logprobs: list[TokenLogprob | None] = []
-        async for event in self:
+        async for event in self.events(wake_at_finish=True):
             if isinstance(event, FinishEvent):
                 return Completion("".join(texts), tuple(tokens), event, tuple(logprobs))
             texts.append(event.text)

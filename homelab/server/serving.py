@@ -53,7 +53,7 @@ INLINE_CHARS = 8192  # shorter texts are tokenized / rendered on the event loop 
 
 
 class HandleLike(Protocol):
-    def __aiter__(self) -> AsyncIterator[Event]: ...
+    def events(self, *, wake_at_finish: bool = False) -> AsyncIterator[Event]: ...
     def cancel(self) -> None: ...
 
 
@@ -286,17 +286,20 @@ def cancel_all(handles: Sequence[HandleLike]) -> None:
         handle.cancel()
 
 
-async def merged_events(handles: Sequence[HandleLike]) -> AsyncIterator[tuple[int, Event]]:
-    """Events of all handles as they come, tagged with the choice index."""
+async def merged_events(
+    handles: Sequence[HandleLike], *, wake_at_finish: bool = False
+) -> AsyncIterator[tuple[int, Event]]:
+    """Events of all handles as they come, tagged with the choice index; ``wake_at_finish``
+    (a whole response is read) wakes the loop once per handle instead of once per token."""
     if len(handles) == 1:
-        async for event in handles[0]:
+        async for event in handles[0].events(wake_at_finish=wake_at_finish):
             yield 0, event
         return
     queue: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
 
     async def pump(index: int, handle: HandleLike) -> None:
         try:
-            async for event in handle:
+            async for event in handle.events(wake_at_finish=wake_at_finish):
                 queue.put_nowait((index, event))
         except Exception as exc:
             queue.put_nowait((index, exc))
@@ -323,7 +326,7 @@ async def collect(
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(_cancel_when_client_leaves, ctx.http, group.cancel_scope)
-            async for index, event in merged_events(handles):
+            async for index, event in merged_events(handles, wake_at_finish=True):
                 states[index].add(event)
             finished = True
             group.cancel_scope.cancel()

@@ -179,3 +179,34 @@ async def test_closing_the_async_iterator_early_cancels(make_engine: EngineFacto
     assert handle.cancelled
     finish = [event async for event in handle][-1]
     assert isinstance(finish, FinishEvent) and finish.reason == "cancelled"
+
+
+async def test_a_whole_response_reader_is_woken_once_not_per_token(
+    make_engine: EngineFactory,
+) -> None:
+    """A non-streaming request used to schedule a loop wake-up for every token (a self-pipe
+    write and a loop turn each); now its reader is woken at the finish and reads them all."""
+    engine = make_engine(n_parallel=1)
+    wakes = {"whole": 0, "stream": 0}
+
+    def counted(handle: object, kind: str) -> None:
+        original = handle._set_async_wake  # type: ignore[attr-defined]
+
+        def wake() -> None:
+            wakes[kind] += 1
+            original()
+
+        handle._set_async_wake = wake  # type: ignore[attr-defined]
+
+    request = GenerationRequest("a", "hello world", GREEDY)
+    whole = engine.submit(request)
+    counted(whole, "whole")
+    completion = await whole.collect_async()
+    stream = engine.submit(request)
+    counted(stream, "stream")
+    streamed = [event async for event in stream]
+    assert len(completion.token_ids) == GREEDY.max_tokens
+    assert completion.token_ids == tuple(e.token_id for e in streamed if isinstance(e, TokenEvent))
+    assert wakes["whole"] <= 1
+    assert wakes["stream"] > 1  # a streaming reader is woken as tokens come: the count is real
+    assert wakes["stream"] <= GREEDY.max_tokens + 1
