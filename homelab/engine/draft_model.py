@@ -15,7 +15,6 @@ when the slot changed tenant, so the draft cache is as tenant-isolated as the ta
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from homelab.engine.acceptance import Distribution, Proposal
-from homelab.engine.draft_policy import StepCost
 from homelab.engine.slots import common_prefix_length
 from homelab.engine.speculation import DraftRequest, check_draft_model, check_vocabularies
 from homelab.errors import EngineError
@@ -143,12 +141,12 @@ class DraftModel:
 
     # --- drafting --------------------------------------------------------------------------
 
-    def draft(self, requests: list[DraftRequest], timer: StepCost, eog: frozenset[int]) -> None:
+    def draft(self, requests: list[DraftRequest], eog: frozenset[int]) -> None:
         """Draft up to ``request.k`` tokens for each request into ``request.state.proposal``."""
         entries, fed = self._catch_up_all(requests)
         active = entries
         while self._batch.n_tokens:
-            if not self._decode(fed, entries, timer):
+            if not self._decode(fed, entries):
                 break
             active = self._extend(active, eog)
             fed = [entry.request.seq_id for entry in active]
@@ -185,8 +183,7 @@ class DraftModel:
             entries.append(entry)
         return entries, fed
 
-    def _decode(self, fed: list[int], entries: list[_Drafting], timer: StepCost) -> bool:
-        started = time.perf_counter()
+    def _decode(self, fed: list[int], entries: list[_Drafting]) -> bool:
         status = self.context.decode(self._batch)
         if status != 0:  # forget what this decode may have half-written, draft nothing
             for seq_id in fed:
@@ -194,7 +191,6 @@ class DraftModel:
             for entry in entries:
                 entry.tokens.clear()
             return False
-        timer.observe(self._batch.n_tokens, time.perf_counter() - started)
         return True
 
     def _extend(self, active: list[_Drafting], eog: frozenset[int]) -> list[_Drafting]:

@@ -526,7 +526,6 @@ class Scheduler:
         return batch
 
     def _decode(self, parts: list[_Part]) -> None:
-        started = time.perf_counter()
         status = self._context.decode(self._fill(parts))
         if self.failure is not None:
             return
@@ -535,8 +534,7 @@ class Scheduler:
             return
         self._after_decode(parts)
         if self._speculator is not None and not any(part.prefill for part in parts):
-            rows = sum(len(part.tokens) for part in parts)  # a decode-only step: its cost
-            self._speculator.record_target_step(rows, time.perf_counter() - started)
+            self._speculator.end_step()  # a decode-only step: the speculator measures it
 
     def _after_decode(self, parts: list[_Part]) -> None:
         prefill_tokens = decode_tokens = drafted = accepted = 0

@@ -13,9 +13,9 @@ target checks in the same ``llama_decode`` as everyone else's normal step
     A small model with the same vocabulary on its own llama.cpp context, one sequence per
     slot (:mod:`homelab.engine.draft_model`).
 
-How many tokens to draft is decided per sequence and step by
-:class:`~homelab.engine.draft_policy.DraftPolicy` from each sequence's acceptance and the
-measured cost of target and draft steps — ``0`` (plain decoding) when speculation loses.
+How many tokens to draft is decided per step by
+:class:`~homelab.engine.draft_policy.DraftPolicy`, which measures whole steps at each draft
+length and plays the fastest — ``0`` (plain decoding) when speculation loses.
 Rejected tokens are dropped from both caches, so a target whose memory cannot drop a suffix
 (recurrent and hybrid models) is refused, as is a sliding-window cache that is trimmed
 (``swa_full`` off), and a draft whose vocabulary is not the target's.
@@ -258,11 +258,7 @@ class Speculator:
         draft_model: DraftModel | None = None,
     ) -> None:
         self.config = config = config.checked()
-        self.policy = DraftPolicy(
-            config.max_draft_tokens,
-            adaptive=config.adaptive,
-            uses_draft_model=draft_model is not None,
-        )
+        self.policy = DraftPolicy(config.max_draft_tokens, adaptive=config.adaptive)
         self.draft_model = draft_model
         self._eog = eog_tokens
         self._step: _StepTally | None = None  # the step being measured whole
@@ -301,13 +297,8 @@ class Speculator:
             (request.state.acceptance, limit)
             for request, limit in zip(requests, limits, strict=True)
         ]
-        lengths = self.policy.plan(sequences, room)
-        for request, length, limit in zip(requests, lengths, limits, strict=True):
+        for request, length in zip(requests, self.policy.plan(sequences, room), strict=True):
             request.k = length
-            if length == 0 and limit > 0 and self.config.adaptive:
-                self.policy.idle(request.state.acceptance)
-        if not any(lengths):
-            self.policy.idle_engine()
 
     def _lookup(self, requests: list[DraftRequest], room: int) -> None:
         """Prompt lookup: find every sequence's continuation first (it is cheap), then let
@@ -328,26 +319,21 @@ class Speculator:
         self._plan(requests, [request.limit for request in requests], room)
         drafting = [request for request in requests if request.k > 0]
         if drafting:
-            self.draft_model.draft(drafting, self.policy.draft, self._eog)
+            self.draft_model.draft(drafting, self._eog)
 
-    def record_target_step(self, rows: int, seconds: float) -> None:
-        """A decode-only step ended: its decode's cost, and the whole step's for the verdict."""
-        self.policy.target.observe(rows, seconds)
+    def end_step(self) -> None:
+        """A decode-only step ended, its tokens emitted: the policy measures it whole."""
         step, self._step = self._step, None
-        if step is None or not self.config.adaptive:
-            return
-        if step.unsettled == 0:  # every draft of this step was verified
-            seconds_whole = time.perf_counter() - step.started
-            speculated = step.drafting > 0
-            self.policy.verdict.observe(step.n_sequences, speculated, step.tokens, seconds_whole)
+        if step is not None and step.unsettled == 0:  # every draft of it was verified
+            seconds = time.perf_counter() - step.started
+            self.policy.observe_step(step.n_sequences, step.tokens, seconds)
 
     def settle(self, state: SequenceSpeculation, drafted: int, accepted: int) -> None:
         step = self._step
         if step is not None:
             step.tokens += accepted + 1
             step.unsettled -= 1
-        if self.config.adaptive:
-            self.policy.settle(state.acceptance, drafted, accepted)
+        self.policy.settle(state.acceptance, drafted, accepted)
 
     def close(self) -> None:
         if self.draft_model is not None:

@@ -22,7 +22,6 @@ from engine_helpers import tiny_settings
 
 from homelab.engine.acceptance import accept_or_resample
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
-from homelab.engine.draft_policy import PROBE_INTERVAL, Acceptance, DraftPolicy, StepCost
 from homelab.engine.engine import Engine
 from homelab.engine.scheduler import Completion, RequestHandle
 from homelab.engine.speculation import NgramDrafter, SpeculationConfig, SpeculationError
@@ -419,84 +418,6 @@ def test_adaptive_drafting_backs_off_a_draft_that_disagrees(
     assert backed_off.draft_tokens_total < tried.draft_tokens_total / 3
 
 
-def measured_policy(
-    one_row_s: float, batch: Callable[[int], float], *, draft: Callable[[int], float] | None = None
-) -> DraftPolicy:
-    policy = DraftPolicy(8, adaptive=True, uses_draft_model=draft is not None)
-    for rows in (1, 2, 3, 5, 9, 4, 7) * 4:
-        policy.target.observe(rows, one_row_s if rows == 1 else batch(rows))
-        if draft is not None:
-            policy.draft.observe(rows, draft(rows))
-    return policy
-
-
-SURE = Acceptance(kept=60.0, rejected=1.0)  # alpha ~0.97
-HOPELESS = Acceptance(kept=0.0, rejected=40.0)  # alpha ~0.03
-
-
-def test_policy_drafts_long_where_a_batch_row_is_cheap() -> None:
-    policy = measured_policy(0.010, lambda rows: 0.010 + 0.00025 * rows)  # a GPU-like card
-    assert policy.plan([(SURE, 20)], room=64) == [8]
-    assert policy.plan([(SURE, 3)], room=64) == [3]  # max_tokens or context left
-    assert policy.plan([(SURE, 20)], room=5) == [5]  # the batch is full
-    assert policy.plan([(HOPELESS, 20)], room=64) == [0]
-    # the most promising sequences draft first
-    assert policy.plan([(HOPELESS, 20), (SURE, 20), (HOPELESS, 20)], room=64) == [0, 8, 0]
-
-
-def test_policy_stays_plain_where_a_batch_costs_far_more_than_a_row() -> None:
-    """Measured here for Q8_0 on 2 CPU cores: one row 4.3 ms, two 9.8 ms, nine 19.9 ms."""
-    policy = measured_policy(0.0043, lambda rows: 0.0078 + 0.00135 * rows)
-    likely = Acceptance(kept=7.0, rejected=3.0)  # alpha ~0.7
-    assert policy.plan([(likely, 20)], room=64) == [0]
-    assert policy.plan([(SURE, 20)], room=64) == [8]  # ~7 tokens for 4.6 steps' time
-    # a draft model as slow as the target makes even a sure draft lose
-    costly = measured_policy(0.0043, lambda rows: 0.0078 + 0.00135 * rows, draft=lambda r: 0.0043)
-    assert costly.plan([(SURE, 20)], room=64) == [0]
-
-
-def test_policy_probes_again_after_a_while() -> None:
-    policy = measured_policy(0.010, lambda rows: 0.010 + 0.0005 * rows)
-    plans = [policy.plan([(HOPELESS, 8)], room=64) for _ in range(PROBE_INTERVAL + 1)]
-    assert plans[:PROBE_INTERVAL] == [[0]] * PROBE_INTERVAL
-    assert plans[PROBE_INTERVAL][0] > 0  # one optimistic plan measures the draft again
-    faded = Acceptance(kept=0.0, rejected=40.0)
-    for _ in range(60):  # a sequence that decodes plainly drifts back to the prior
-        policy.idle(faded)
-    assert policy.acceptance(faded) > 0.5
-
-
-def test_fixed_draft_length_fills_what_the_batch_allows() -> None:
-    policy = DraftPolicy(4, adaptive=False, uses_draft_model=False)
-    assert policy.plan([(HOPELESS, 9), (HOPELESS, 2), (SURE, 0)], room=64) == [4, 2, 0]
-    assert policy.plan([(HOPELESS, 9), (HOPELESS, 9)], room=5) == [2, 3]
-
-
-def test_step_cost_takes_recent_lower_quartiles_and_interpolates() -> None:
-    cost = StepCost()
-    assert cost.seconds(1) == 1.0 and cost.seconds(3) == pytest.approx(1.2)  # nothing yet
-    for seconds in (0.190, 0.011, 0.011, 0.080, 0.012):  # spikes only ever add time
-        cost.observe(1, seconds)
-    assert cost.seconds(1) == pytest.approx(0.011)
-    assert cost.seconds(5) == pytest.approx(0.011 * 1.4)  # no batch yet: the prior share
-    cost.observe(3, 0.500)  # the first decodes of a new shape are not believed yet
-    cost.observe(3, 0.020)
-    assert cost.seconds(3) == pytest.approx(0.011 * 1.2)
-    cost.observe(9, 0.032)  # three batches measured: believed, one spike left out
-    assert cost.seconds(3) == pytest.approx(0.020)
-    assert cost.seconds(5) == pytest.approx(0.020 * (1 + 0.1 * 2 / 1.2))  # prior share per row
-    cost.observe(9, 0.032)
-    assert cost.seconds(6) == pytest.approx(0.026)  # between the rows measured
-    assert cost.seconds(13) == pytest.approx(0.040)  # beyond them, on the last slope
-    assert cost.seconds(2) == pytest.approx(0.018)
-    steep = StepCost()
-    steep.observe(1, 0.010)
-    for _ in range(3):
-        steep.observe(5, 0.012)
-        steep.observe(9, 0.052)
-    assert steep.seconds(2) == pytest.approx(0.010)  # never below a one-row step
-
-
 # --- prompt lookup ------------------------------------------------------------------------
 
 
@@ -687,43 +608,3 @@ def test_run_refuses_a_draft_with_another_vocabulary(capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "Cannot plan" in err  # refused by the planner, from the headers, before loading
     assert "cannot draft for homelab-demo-spec" in err
-
-
-# --- the verdict: whole steps measured -------------------------------------------------------
-
-
-def run_steps(policy: DraftPolicy, steps: int, spec_s_per_token: float) -> list[int]:
-    """Plan ``steps`` single-sequence steps; feed each whole step's measured cost back: a
-    plain step costs 1 s per token, a speculating one ``spec_s_per_token``."""
-    drafted = []
-    for _ in range(steps):
-        (k,) = policy.plan([(SURE, 20)], room=64)
-        drafted.append(k)
-        tokens = k + 1 if k else 1
-        policy.verdict.observe(1, k > 0, tokens, tokens * (spec_s_per_token if k else 1.0))
-    return drafted
-
-
-def test_speculation_measured_to_lose_pauses_then_probes_rarely() -> None:
-    from homelab.engine.draft_policy import BACKOFF_STEPS, VERDICT_SAMPLES
-
-    # the step model says drafting wins (cheap rows); whole steps say it loses by 10 %
-    policy = measured_policy(0.010, lambda rows: 0.010 + 0.00025 * rows)
-    start = run_steps(policy, VERDICT_SAMPLES, 1.1)
-    assert all(start)  # the model's choice at first
-    control = run_steps(policy, VERDICT_SAMPLES, 1.1)
-    assert not any(control)  # a few plain steps to compare with
-    first_pause = run_steps(policy, BACKOFF_STEPS, 1.1)
-    assert not any(first_pause)
-    probe = run_steps(policy, VERDICT_SAMPLES, 1.1)
-    assert all(probe)  # tried again, and it loses again: a pause twice as long
-    assert not any(run_steps(policy, 2 * BACKOFF_STEPS, 1.1))
-    assert all(run_steps(policy, VERDICT_SAMPLES, 1.1))
-
-
-def test_speculation_measured_to_win_stays_on() -> None:
-    from homelab.engine.draft_policy import VERDICT_SAMPLES
-
-    policy = measured_policy(0.010, lambda rows: 0.010 + 0.00025 * rows)
-    drafted = run_steps(policy, 200, 0.5)
-    assert drafted.count(0) == VERDICT_SAMPLES  # the one control measurement, then all drafts
