@@ -153,6 +153,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     loader.start()
     _announce_start(args, config, keys_path, new_key)
     _exit_cleanly_on_sigterm()
+    _interrupt_after_shutdown()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:
@@ -173,6 +174,18 @@ def _exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
+def _interrupt_after_shutdown() -> None:
+    """uvicorn re-raises the SIGINT that stopped it once it has shut down. Under Python's
+    default handler asyncio's runner takes that signal and, when its task has just finished,
+    swallows it: Ctrl-C then exits 0 now and then (seen under load). A handler of ours keeps
+    the runner out of it: the interrupt reaches the CLI, which exits 130 as for every verb."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+
+
 def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     """Several models: each loads on its first request, as the planner lets them share."""
     from homelab.server.app import create_app
@@ -186,6 +199,7 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     _setup_logging()
     server = uvicorn_server(create_app(lambda: None, config, fleet))
     _announce_fleet(args, config, fleet.names(), keys_path, new_key)
+    _interrupt_after_shutdown()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:

@@ -130,7 +130,9 @@ async def test_load_chat_cancel_and_serve(
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.live.engine is not None, "the model to load")
         first, last = ticks_during_load
-        assert last - first >= 5
+        assert (
+            last - first >= 2
+        )  # ~10 over the 1 s load; a blocked loop gives 0 (4 seen under load)
         # predicted next to what llama.cpp really allocated
         await wait_until(pilot, lambda: "after load" in rendered(app, "#devices .legend"), "actual")
         assert "(predicted" in rendered(app, "#devices .legend")
