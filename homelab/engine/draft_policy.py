@@ -27,9 +27,9 @@ win, up to :data:`MAX_EXPLORE_BLOCKS` while the two are within :data:`NARROW_LOS
 length that loses badly — speculation on a CPU where a second batch row is dear — costs one
 block in ``MAX_WAIT_BLOCKS``, and a close one costs little. Steps older than
 :data:`MAX_AGE_STEPS` are forgotten, so the choice follows the text being generated.
-The longest length is looked at too, beyond the neighbours (a clear loser there waits up to
-:data:`FAR_MAX_WAIT_BLOCKS`): a climb one rung at a time does not cross a valley — on a CPU where
-a second batch row is dear, one drafted token loses while eight that are nearly always right win.
+Known limit: a climb one rung at a time does not cross a valley — where one drafted token
+loses but eight would win (a CPU where rows are dear, with a draft that is nearly always
+right) the policy stays plain.
 
 **Sequences.** Within a step every sequence drafts the chosen length (fewer where its request
 ends sooner, or where the batch is full), except a sequence whose own drafts are nearly all
@@ -51,7 +51,6 @@ NARROW_LOSS = 0.1  # within this, an explored length is measured up to MAX_EXPLO
 MAX_EXPLORE_BLOCKS = 7
 FIRST_WAIT_BLOCKS = 2  # blocks before a losing neighbour is measured again (doubling)
 MAX_WAIT_BLOCKS = 128
-FAR_MAX_WAIT_BLOCKS = 512  # the longest draft, looked at beyond the neighbours
 MAX_AGE_STEPS = 2048  # steps of a length older than this (in the bucket's steps) are dropped
 LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 PRIOR_ACCEPTANCE = 0.5  # a sequence's estimate before it drafted
@@ -104,10 +103,10 @@ class _Arm:
         tokens = sum(t for _, t in recent)
         return sum(min(s, cap) for s, _ in recent) / tokens if tokens else None
 
-    def lost(self, growth: int, longest_wait: int = MAX_WAIT_BLOCKS) -> None:
+    def lost(self, growth: int) -> None:
         """Wait before the next try, then ``growth`` times as long after the next loss."""
         self.wait = self.next_wait
-        self.next_wait = min(growth * self.next_wait, longest_wait)
+        self.next_wait = min(growth * self.next_wait, MAX_WAIT_BLOCKS)
 
     def won(self) -> None:
         self.wait, self.next_wait = 0, FIRST_WAIT_BLOCKS
@@ -144,9 +143,8 @@ class _Bucket:
             self.exploring = None
             return
         ratio, n_blocks = value / best, len(arm.steps) // BLOCK_STEPS
-        if ratio > 1.0 + CLEAR_LOSS:  # far more than it yields: seldom worth a look
-            far = abs(index - self.best) > 1
-            arm.lost(growth=4, longest_wait=FAR_MAX_WAIT_BLOCKS if far else MAX_WAIT_BLOCKS)
+        if ratio > 1.0 + CLEAR_LOSS:
+            arm.lost(growth=4)  # far more than it yields: seldom worth a look
         elif n_blocks < MIN_BLOCKS:
             return  # measure it again
         elif ratio < 1.0:
@@ -168,9 +166,8 @@ class _Bucket:
         self.best = best = self._best_index()
         for arm in self.arms:
             arm.wait = max(arm.wait - 1, 0)
-        top = len(self.arms) - 1  # the longest draft, too: one rung may lose where all win
-        for index in (best + 1, best - 1, top):
-            if 0 <= index < len(self.arms) and index != best and self.arms[index].wait == 0:
+        for index in (best + 1, best - 1):
+            if 0 <= index < len(self.arms) and self.arms[index].wait == 0:
                 self.arms[index].steps.clear()  # judged on fresh measurements only
                 self.exploring = index
                 return index
