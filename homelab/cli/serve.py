@@ -152,8 +152,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     )
     loader.start()
     _announce_start(args, config, keys_path, new_key)
-    _exit_cleanly_on_sigterm()
-    _interrupt_after_shutdown()
+    _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:
@@ -164,25 +163,20 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     return 0
 
 
-def _exit_cleanly_on_sigterm() -> None:
-    """uvicorn re-raises the SIGTERM that stopped it once it has shut down; without a handler
-    of ours that kills the process before the engine is closed. Make it an orderly exit 0."""
+def _stop_in_order_on_signals() -> None:
+    """uvicorn re-raises the signal that stopped it once it has shut down. SIGTERM under its
+    default action would kill the process before the engines are closed: make it an orderly
+    exit 0. SIGINT under Python's default handler goes to asyncio's runner, which swallows it
+    when its task has just finished (Ctrl-C then exited 0 now and then, seen under load): our
+    own handler lets it reach the CLI, which exits 130 as for every verb."""
 
     def stop(_signum: int, _frame: object) -> None:
         raise SystemExit(0)
 
-    signal.signal(signal.SIGTERM, stop)
-
-
-def _interrupt_after_shutdown() -> None:
-    """uvicorn re-raises the SIGINT that stopped it once it has shut down. Under Python's
-    default handler asyncio's runner takes that signal and, when its task has just finished,
-    swallows it: Ctrl-C then exits 0 now and then (seen under load). A handler of ours keeps
-    the runner out of it: the interrupt reaches the CLI, which exits 130 as for every verb."""
-
     def interrupt(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, interrupt)
 
 
@@ -199,7 +193,7 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     _setup_logging()
     server = uvicorn_server(create_app(lambda: None, config, fleet))
     _announce_fleet(args, config, fleet.names(), keys_path, new_key)
-    _interrupt_after_shutdown()
+    _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:
