@@ -14,7 +14,9 @@ Two tasks:
 Steady state (the default, like ``server_bench``): per stream count, one engine per contender
 is loaded and warmed with one unmeasured round (the adaptive policy has measured its costs),
 then the rounds run back to back against those same engines, interleaving the contenders
-round by round; the table gives each contender's median and worst round. ``--cold`` keeps
+round by round (every other round in reverse order); the table gives each contender's
+median and worst round, and its ratio to the plain row both of the medians and round by
+round (median and worst of the per-round ratios). ``--cold`` keeps
 the old way: a fresh process per measurement (cold-start medians). Each measurement waits for
 the CPUs to be mostly idle. Single stream: 128 tokens,
 decode tok/s from the first token to the last. Eight streams: eight requests at once, eight
@@ -22,6 +24,10 @@ slots, aggregate decode tok/s once all have their first token. llama.cpp's
 ``llama-speculative-simple`` (built from the same vendored tree, see ``llama_tools``) runs
 the same pair and the same ngram idea (``--spec-type ngram-simple``) for comparison, next to
 ``llama-bench`` tg128 as its no-speculation baseline.
+
+Each stream count also has an A/A control: a second plain engine measured like a contender.
+Its ratio to the plain row is what the machine's noise alone does to a ratio — the floor
+under which a contender's loss or gain is not resolved by this run.
 
 This is a harness, not a test: nothing here asserts; the ratios are printed and saved.
 """
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -75,11 +82,13 @@ class Case:
     sampling: dict[str, Any] = field(default_factory=lambda: dict(GREEDY))
 
 
+CONTROL = "plain again (A/A control)"  # a second plain engine: what noise alone does to a ratio
 CASES = (
     Case("plain", "fresh", 1),
     Case("ngram adaptive", "fresh", 1, "ngram"),
     Case("draft adaptive", "fresh", 1, "draft"),
     Case("draft fixed k=4", "fresh", 1, "draft", adaptive=False, max_draft=4),
+    Case(CONTROL, "fresh", 1),  # mid-group: as far in time from plain as a contender is
     Case("plain", "repeat", 1),
     Case("ngram adaptive", "repeat", 1, "ngram"),
     Case("ngram fixed k=8", "repeat", 1, "ngram", adaptive=False),
@@ -88,6 +97,7 @@ CASES = (
     Case("draft adaptive, T=0.8", "fresh", 1, "draft", sampling=dict(SAMPLED)),
     Case("plain", "fresh", 8),
     Case("ngram adaptive", "fresh", 8, "ngram"),
+    Case(CONTROL, "fresh", 8),
     Case("draft adaptive", "fresh", 8, "draft"),
     Case("plain", "repeat", 8),
     Case("ngram adaptive", "repeat", 8, "ngram"),
@@ -323,7 +333,10 @@ def measure_steady(
                 engine_round(engine, case, -1)  # warm-up: unmeasured
             for round_index in range(rounds):
                 print(f"{streams} stream(s): round {round_index + 1}/{rounds}", flush=True)
-                for engine, (name, case) in zip(engines, group, strict=True):
+                contenders = list(zip(engines, group, strict=True))
+                if round_index % 2:  # every other round backwards: a drift of the machine
+                    contenders.reverse()  # over a round favours no contender
+                for engine, (name, case) in contenders:
                     idle = wait_for_quiet(min_idle, max_wait_s, print)
                     _record(series, name, engine_round(engine, case, round_index), idle)
         finally:
@@ -358,36 +371,49 @@ def _pct(value: float | None) -> str:
 
 
 def table(series: dict[str, dict[str, Series]]) -> str:
+    """Medians and worst rounds, and each contender against the plain row twice: the ratio
+    of the medians, and the ratio round by round (the two ran minutes apart at most, seconds
+    apart within a round: a machine that slows for a while moves both) — its median and worst.
+    """
     lines = [
-        "| measurement | tok/s median | tok/s worst | vs plain (median) | acceptance | "
-        "tokens/step |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| measurement | tok/s median | tok/s worst | vs plain (medians) | vs plain per round: "
+        "median · worst | acceptance | tokens/step |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, values in series.items():
         tok_s = values["tok_s"]
         base = _baseline(series, name)
-        ratio = f"{tok_s.median / base:.2f}×" if base else ""
+        ratio = f"{tok_s.median / base.median:.2f}×" if base else ""
+        paired = _paired(tok_s, base) if base else []
+        per_round = f"{statistics.median(paired):.2f}× · {min(paired):.2f}×" if paired else ""
         acceptance = values.get("acceptance")
         per_step = values.get("tokens_per_step")
         lines.append(
-            f"| {name} | {tok_s.median:.1f} | {min(tok_s.values):.1f} | {ratio} | "
+            f"| {name} | {tok_s.median:.1f} | {min(tok_s.values):.1f} | {ratio} | {per_round} | "
             f"{_pct(acceptance.median) if acceptance else '—'} | "
             f"{f'{per_step.median:.2f}' if per_step else '—'} |"
         )
     return "\n".join(lines)
 
 
-def _baseline(series: dict[str, dict[str, Series]], name: str) -> float | None:
-    """The median tok/s of the matching no-speculation row (same streams, task, sampling)."""
+def _paired(contender: Series, base: Series) -> list[float]:
+    """Round-by-round ratios (none when a failed run left the two series unaligned)."""
+    if len(contender.values) != len(base.values):
+        return []
+    return [c / b for c, b in zip(contender.values, base.values, strict=True)]
+
+
+def _baseline(series: dict[str, dict[str, Series]], name: str) -> Series | None:
+    """The tok/s of the matching no-speculation row (same streams, task, sampling)."""
     if name.startswith("llama-speculative"):
         base = series.get("llama-bench tg128 (no speculation)")
-        return base["tok_s"].median if base else None
+        return base["tok_s"] if base else None
     if " · " not in name:
         return None
     streams, task, label = name.split(" · ")
     plain = "plain, T=0.8" if "T=0.8" in label else "plain"
     base = series.get(f"{streams} · {task} · {plain}")
-    return base["tok_s"].median if base and label != plain else None
+    return base["tok_s"] if base and label != plain else None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,11 +25,18 @@ An explored length is measured on fresh steps: one block when it is clearly slow
 (:data:`CLEAR_LOSS`; its wait then grows fourfold), :data:`MIN_BLOCKS` blocks before it may
 win, up to :data:`MAX_EXPLORE_BLOCKS` while the two are within :data:`NARROW_LOSS`. So a
 length that loses badly — speculation on a CPU where a second batch row is dear — costs one
-block in ``MAX_WAIT_BLOCKS``, and a close one costs little. Steps older than
+block in ``MAX_WAIT_BLOCKS``, and a close one costs little. And exploring has a budget: a new
+exploration starts only while the time explored steps took beyond what the best would have
+taken for their tokens (at its value when each exploration began; an exploration that wins
+pays back) is under :data:`EXPLORE_SHARE` of the bucket's measured time — where no draft
+pays, measuring costs about that much, however noisy the machine. A draft length is played
+only where it measures :data:`PLAIN_MARGIN` faster than plain decoding: a tie with plain
+decoding costs wherever the measurements erred, plain decoding never does. Steps older than
 :data:`MAX_AGE_STEPS` are forgotten, so the choice follows the text being generated.
 Known limit: a climb one rung at a time does not cross a valley — where one drafted token
-loses but eight would win (a CPU where rows are dear, with a draft that is nearly always
-right) the policy stays plain.
+loses but three or eight would win, the policy stays plain (a draft that is nearly always
+right on a CPU where rows are dear: for Q8_0 on the 2-core development machine a batch of
+2 rows costs 1.9x one row, 4 rows 2.2x, 8 rows 2.9x).
 
 **Sequences.** Within a step every sequence drafts the chosen length (fewer where its request
 ends sooner, or where the batch is full), except a sequence whose own drafts are nearly all
@@ -52,6 +59,8 @@ MAX_EXPLORE_BLOCKS = 7
 FIRST_WAIT_BLOCKS = 2  # blocks before a losing neighbour is measured again (doubling)
 MAX_WAIT_BLOCKS = 128
 MAX_AGE_STEPS = 2048  # steps of a length older than this (in the bucket's steps) are dropped
+PLAIN_MARGIN = 0.03  # a draft length is played over plain decoding only if this much faster
+EXPLORE_SHARE = 0.01  # of all measured time, the most that explorations' excess may take
 LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 PRIOR_ACCEPTANCE = 0.5  # a sequence's estimate before it drafted
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind it
@@ -123,9 +132,15 @@ class _Bucket:
         self.exploring: int | None = None  # the neighbour being measured, block after block
         self.block_steps = 0  # steps of the block so far
         self.clock = 0  # steps measured in this bucket (the clock of the ages)
+        self.total_s = 0.0  # all measured time of this bucket
+        self.spent_s = 0.0  # explored steps' time beyond what the best would have taken
+        self.best_s_per_token: float | None = None  # the best's value when exploring began
 
     def observe(self, tokens: int, seconds: float) -> None:
         self.clock += 1
+        self.total_s += seconds
+        if self.playing == self.exploring and self.best_s_per_token is not None:
+            self.spent_s += seconds - self.best_s_per_token * tokens
         self.arms[self.playing].steps.append((self.clock, seconds, tokens))
         self.block_steps += 1
         if self.block_steps >= BLOCK_STEPS:
@@ -142,7 +157,8 @@ class _Bucket:
         if best is None or value is None:
             self.exploring = None
             return
-        ratio, n_blocks = value / best, len(arm.steps) // BLOCK_STEPS
+        ratio = value * self._handicap(index) / (best * self._handicap(self.best))
+        n_blocks = len(arm.steps) // BLOCK_STEPS
         if ratio > 1.0 + CLEAR_LOSS:
             arm.lost(growth=4)  # far more than it yields: seldom worth a look
         elif n_blocks < MIN_BLOCKS:
@@ -155,9 +171,14 @@ class _Bucket:
             arm.lost(growth=2)
         self.exploring = None
 
+    def _handicap(self, index: int) -> float:
+        """Drafting must beat plain decoding by a margin: a draft that only ties costs
+        where the measurements erred, plain decoding never does."""
+        return 1.0 + PLAIN_MARGIN if self.lengths[index] else 1.0
+
     def _best_index(self) -> int:
         values = [(arm.value(self.clock), index) for index, arm in enumerate(self.arms)]
-        measured = [(value, index) for value, index in values if value is not None]
+        measured = [(value * self._handicap(i), i) for value, i in values if value is not None]
         return min(measured)[1] if measured else 0
 
     def _choose(self) -> int:
@@ -166,8 +187,11 @@ class _Bucket:
         self.best = best = self._best_index()
         for arm in self.arms:
             arm.wait = max(arm.wait - 1, 0)
+        if self.spent_s > EXPLORE_SHARE * self.total_s:
+            return best
         for index in (best + 1, best - 1):
             if 0 <= index < len(self.arms) and self.arms[index].wait == 0:
+                self.best_s_per_token = self.arms[best].value(self.clock)
                 self.arms[index].steps.clear()  # judged on fresh measurements only
                 self.exploring = index
                 return index

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from homelab.engine.draft_policy import (
+    EXPLORE_SHARE,
     MAX_WAIT_BLOCKS,
     Acceptance,
     DraftPolicy,
@@ -120,6 +121,24 @@ def test_stays_plain_where_a_second_row_costs_more_than_it_yields(seed: int) -> 
     assert regret(machine, played, lengths) < 1.05  # exploring costs under 5 % overall
     assert regret(machine, played[-1000:], lengths) < 1.03  # and less once it has learnt
     assert played[-1000:].count(0) > 0.97 * 1000
+
+
+@pytest.mark.parametrize(
+    "machine",
+    [
+        Machine(cpu_q8_like, alpha=0.8, draft_s=0.1),  # a second row costs 2.3x one
+        Machine(lambda rows: 1.0 + 0.55 * (rows - 1), alpha=0.5),  # one drafted token: -3 %
+    ],
+    ids=["clear-loss", "narrow-loss"],
+)
+def test_exploring_costs_about_its_budget_where_no_draft_pays(machine: Machine) -> None:
+    """As long as a benchmark run (768 steps), from the first step: wherever plain decoding
+    is best, what measuring the drafts costs stays near :data:`EXPLORE_SHARE`."""
+    lengths = draft_lengths(8)
+    assert machine.best_k(lengths) == 0  # the premise
+    for seed in SEEDS:
+        played = simulate(DraftPolicy(8, adaptive=True), machine, 768, random.Random(seed))
+        assert regret(machine, played, lengths) < 1 + 2.5 * EXPLORE_SHARE, seed
 
 
 def test_a_losing_length_is_tried_again_at_most_every_max_wait() -> None:
