@@ -470,7 +470,8 @@ class Scheduler:
         """Let the speculator draft for the generating sequences (never fatal to them)."""
         if self._speculator is None or not self._decoding:
             return
-        requests = [self._draft_request(job) for job in self._decoding]
+        in_slot_order = sorted(self._decoding, key=_seq_id)  # the draft's batches, too
+        requests = [self._draft_request(job) for job in in_slot_order]
         reserve = self.config.prefill_chunk_tokens if self._prefilling else 0
         room = self.config.n_batch - len(self._decoding) - reserve
         try:
@@ -492,6 +493,9 @@ class Scheduler:
     # --- building and running the batch ---------------------------------------------------
 
     def _plan_batch(self) -> list[_Part]:
+        """This step's parts, in slot order: with one cache stream per slot, llama.cpp splits
+        a batch wherever the next sequence id is not the last one plus one, and computes
+        each piece as a graph of its own (8 slots one swap out of order: 1.6x the time)."""
         parts = [self._decode_part(job) for job in self._decoding]
         room = self.config.n_batch - sum(len(part.tokens) for part in parts)
         budget = min(room, self.config.prefill_chunk_tokens) if parts else room
@@ -503,7 +507,7 @@ class Scheduler:
             completes = job.prompt_pos + take == len(job.prompt)
             parts.append(_Part(job, job.n_past, tokens, completes, True))
             budget -= take
-        return parts
+        return sorted(parts, key=lambda part: _seq_id(part.job))
 
     @staticmethod
     def _decode_part(job: Job) -> _Part:
@@ -724,3 +728,9 @@ class Scheduler:
         self._meter.record_finish(reason)
         job.handle.finished = True
         job.handle.push(FinishEvent(reason, clock.stats(), error))
+
+
+def _seq_id(job: Job) -> int:
+    """The sequence id of a job's slot (batches go in this order; see ``_plan_batch``)."""
+    assert job.slot is not None
+    return job.slot.seq_id

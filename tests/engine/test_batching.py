@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from engine_helpers import EngineFactory
 
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenLogprob
 from homelab.engine.scheduler import Completion, RequestHandle
+from homelab.llamacpp.batch import Batch
+from homelab.llamacpp.context import Context
 
 # Below this gap (in logprob) between the two best tokens, a different batch shape may
 # legitimately pick the other one: float sums are not associative.
@@ -101,3 +104,35 @@ def test_long_prompt_is_prefilled_in_chunks_without_stalling_others(
 
 def late_done(handle: RequestHandle) -> bool:
     return handle.finished
+
+
+def test_every_decode_lists_its_sequences_in_slot_order(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a cache stream per slot, llama.cpp computes a batch as one graph only while each
+    token's sequence id follows the previous one; out of order it splits the batch (8 slots,
+    one pair swapped: 1.6x the time here). A request that takes a slot freed in the middle
+    joins the end of the generating list — the batch must still be in slot order."""
+    seen: list[list[int]] = []
+    decode = Context.decode
+
+    def spy(context: Context, batch: Batch) -> int:
+        seen.append([batch.c_batch.seq_id[row][0] for row in range(batch.n_tokens)])
+        return decode(context, batch)
+
+    monkeypatch.setattr(Context, "decode", spy)
+    engine = make_engine(n_parallel=4)
+    long = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    handles = [
+        engine.submit(GenerationRequest(f"t{i}", f"request {i}", short if i == 1 else long))
+        for i in range(4)
+    ]
+    handles[1].collect()  # its slot is free while the others still generate
+    late = engine.submit(GenerationRequest("late", "a latecomer", long))
+    for handle in [handles[0], handles[2], handles[3], late]:
+        assert handle.collect().finish.reason == "length"
+    steps = [ids for ids in seen if len(set(ids)) > 1]
+    assert len({tuple(dict.fromkeys(ids)) for ids in steps}) > 1  # the set of sequences changed
+    for ids in steps:
+        assert ids == sorted(ids), ids
