@@ -29,6 +29,7 @@ never the engine.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import concurrent.futures
 import logging
 import queue
@@ -272,7 +273,7 @@ class Scheduler:
         self._incoming: deque[Job] = deque()
         self._waiting: deque[Job] = deque()
         self._prefilling: list[Job] = []
-        self._decoding: list[Job] = []
+        self._decoding: list[Job] = []  # in slot order (see _plan_batch)
         self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _cv)
         self._closing = False
         self.failure: str | None = None  # set by fail(): this context can never compute again
@@ -470,8 +471,7 @@ class Scheduler:
         """Let the speculator draft for the generating sequences (never fatal to them)."""
         if self._speculator is None or not self._decoding:
             return
-        in_slot_order = sorted(self._decoding, key=_seq_id)  # the draft's batches, too
-        requests = [self._draft_request(job) for job in in_slot_order]
+        requests = [self._draft_request(job) for job in self._decoding]  # in slot order
         reserve = self.config.prefill_chunk_tokens if self._prefilling else 0
         room = self.config.n_batch - len(self._decoding) - reserve
         try:
@@ -507,7 +507,7 @@ class Scheduler:
             completes = job.prompt_pos + take == len(job.prompt)
             parts.append(_Part(job, job.n_past, tokens, completes, True))
             budget -= take
-        return sorted(parts, key=lambda part: _seq_id(part.job))
+        return sorted(parts, key=lambda part: _seq_id(part.job))  # prefill parts among the rest
 
     @staticmethod
     def _decode_part(job: Job) -> _Part:
@@ -655,7 +655,7 @@ class Scheduler:
             clock.first_token = time.perf_counter()
             self._meter.record_first_token(clock.first_token - clock.submitted)
             self._prefilling.remove(job)
-            self._decoding.append(job)
+            bisect.insort(self._decoding, job, key=_seq_id)
         clock.completion_tokens += 1
         wants_logprob = job.request.sampling.logprobs is not None
         logprob = self._logprob(job, token, row) if wants_logprob else None
@@ -731,6 +731,7 @@ class Scheduler:
 
 
 def _seq_id(job: Job) -> int:
-    """The sequence id of a job's slot (batches go in this order; see ``_plan_batch``)."""
+    """The sequence id of a job's slot (the generating list and every batch go in this order;
+    see ``_plan_batch``)."""
     assert job.slot is not None
     return job.slot.seq_id
