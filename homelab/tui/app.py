@@ -159,7 +159,9 @@ class HomelabApp(App[None]):
         self.hardware.detect()
         self.plans.choose(self.requested_model)
         self.set_interval(CHAT_FLUSH_S, self.chat.flush)
-        if not self.frozen_live:
+        if self.frozen_live:  # a blinking cursor would make a different picture every 0.5 s
+            dashboard.chat_panel.prompt.cursor_blink = False
+        else:
             self.set_interval(self.hardware_refresh_s, self.hardware.sample)
 
     async def on_unmount(self) -> None:
