@@ -50,7 +50,7 @@ from benchmarks.engine_bench import Series, wait_for_quiet
 from benchmarks.llama_tools import BUILD_DIR, HERE, tool_path
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.engine.speculation import SpeculationConfig
+from homelab.engine.speculation.config import SpeculationConfig
 from homelab.settings import Settings
 
 N_GEN = 128

@@ -11,7 +11,8 @@ mapped to these types at the boundary with ``raise ... from exc``.
     ├── EngineError           llama.cpp failed to load, decode or sample
     │   ├── OutOfMemoryError  loading or context creation ran out of memory
     │   ├── ContextLengthError  prompt + max_tokens exceed a slot's context
-    │   └── BusyError         the request queue is full
+    │   ├── BusyError         the request queue is full
+    │   └── EngineClosedError the engine (or embedder) is shut down: it serves nothing more
     ├── HubError              the Hugging Face hub (or its stand-in) failed or lied
     ├── ConfigError           a config or keys file is invalid (names the file)
     └── BenchError            a benchmark or quality run could not be carried out
@@ -70,6 +71,10 @@ class ContextLengthError(EngineError):
 
 class BusyError(EngineError):
     title = "Busy"
+
+
+class EngineClosedError(EngineError):
+    title = "Engine closed"
 
 
 class HubError(HomelabError):

@@ -5,8 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 KV_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "f32")
-# The K/V types bench, quality and the TUI compare by default: 16, 8.5 and 4.5 bits per value,
-# each a matched pair with fast flash-attention kernels on CUDA as on the CPU.
+# Every other K/V type is quantized in blocks; a quantized V cache needs flash attention.
+UNQUANTIZED_KV_TYPES = ("f16", "bf16", "f32")
+QUANTIZED_KV_TYPES = tuple(t for t in KV_TYPES if t not in UNQUANTIZED_KV_TYPES)
+# The K/V types bench, quality, the TUI and the planner compare by default: 16, 8.5 and 4.5
+# bits per value, each a matched pair with fast flash-attention kernels on CUDA as on the CPU.
 COMPARED_KV_TYPES = ("f16", "q8_0", "q4_0")
 
 

@@ -65,7 +65,7 @@ def byte_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bytes, so a text has more tokens than bytes — legal, and what a buffer sized from the
     text's length cannot hold.
     """
-    from homelab.gguf import demo, vocab
+    from homelab.gguf import generator, vocab
 
     full_vocabulary = vocab.build_vocabulary
 
@@ -82,4 +82,4 @@ def byte_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("byte-vocab") / "homelab-demo-llama-bytes-F16.gguf"
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(vocab, "build_vocabulary", bytes_only)
-        return demo.write_spec_model(path, demo.spec_for("llama", "tiny"), "llama-bytes")
+        return generator.write_spec_model(path, generator.spec_for("llama", "tiny"), "llama-bytes")

@@ -24,7 +24,7 @@ PARALLEL_INTERPRETERS = 4
 TEXTUAL_FREE_TUI_MODULES = (
     "homelab.tui.services",
     "homelab.tui.knobs",
-    "homelab.tui.live",
+    "homelab.tui.handoff",
     "homelab.tui.format",
     "homelab.tui.hardware_source",
     "homelab.tui.status",

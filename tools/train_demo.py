@@ -35,7 +35,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from homelab.gguf import demo, vocab  # noqa: E402
+from homelab.gguf import generator, vocab  # noqa: E402
 from homelab.gguf.quantize import quantize_file  # noqa: E402
 
 OUT_DIR = ROOT / "homelab" / "gguf" / "trained"
@@ -43,7 +43,7 @@ STEM = "homelab-trained-llama"
 SEED = 1234
 N_VOCAB = 2048
 CTX = 128
-SPEC = demo.ArchSpec(
+SPEC = generator.ArchSpec(
     "llama",
     n_vocab=N_VOCAB,
     n_embd=192,
@@ -309,7 +309,7 @@ def write_model(result: dict[str, object], folder: Path) -> tuple[Path, Path]:
     model, vocabulary = result["model"], result["vocab"]
     assert isinstance(model, Llama) and isinstance(vocabulary, vocab.Vocabulary)
 
-    f16 = demo.write_spec_model(
+    f16 = generator.write_spec_model(
         folder / f"{STEM}-F16.gguf",
         SPEC,
         STEM,

@@ -30,7 +30,7 @@ from typing import Any
 
 from benchmarks.gpu.models import BIG, SMOKE_BIG, generate_f16
 from benchmarks.gpu.workers import RESULT_PREFIX
-from homelab.gguf.demo import ArchSpec
+from homelab.gguf.generator import ArchSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from homelab.gguf.demo import ArchSpec, demo_model_path, write_spec_model
+from homelab.gguf.demo import demo_model_path
+from homelab.gguf.generator import ArchSpec, write_spec_model
 
 # ~1.6 B parameters: 3.2 GB in F16, 1.7 GB in Q8_0; head size 128 (CUDA flash attention and
 # quantized caches both work); 4 KV heads so a long context costs 48 KiB per token in f16

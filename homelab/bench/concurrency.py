@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from homelab.engine.engine import Engine
     from homelab.engine.scheduler import RequestHandle
 
-KV_TYPES = COMPARED_KV_TYPES
 CONCURRENCY_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -210,7 +209,7 @@ def measure_table(
     prompt_tokens: int,
     generated_tokens: int,
     budget_bytes: int | None,
-    kv_types: Sequence[str] = KV_TYPES,
+    kv_types: Sequence[str] = COMPARED_KV_TYPES,
     levels: Sequence[int] = CONCURRENCY_LEVELS,
     repeats: int = 1,
     progress: Progress | None = None,

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from homelab.bench import concurrency
 from homelab.errors import BenchError
-from homelab.settings import KV_TYPES, Settings
+from homelab.settings import COMPARED_KV_TYPES, KV_TYPES, Settings
 
 if TYPE_CHECKING:
     from homelab.bench.concurrency import ConcurrencyTable, Progress
     from homelab.bench.profile import SpeedResult
     from homelab.bench.speculative import SpeculationResult
     from homelab.engine.engine import Engine
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.gguf.model import ModelInfo
     from homelab.planner.budget import Hardware
 
@@ -51,7 +51,7 @@ class BenchOptions:
     prompt_tokens: int = 128
     gen_tokens: int = 128
     levels: tuple[int, ...] = concurrency.CONCURRENCY_LEVELS
-    kv_types: tuple[str, ...] = concurrency.KV_TYPES
+    kv_types: tuple[str, ...] = COMPARED_KV_TYPES
     repeat: int = 1  # runs per cell, median kept
     speculation: SpeculationConfig | None = None  # also measure tg with it, beside plain
 

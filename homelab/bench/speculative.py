@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from homelab.bench.concurrency import Progress
     from homelab.bench.prompts import PromptSource
     from homelab.engine.engine import Engine
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.settings import Settings
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from homelab.settings import KV_TYPES
+from homelab.settings import KV_TYPES, UNQUANTIZED_KV_TYPES
 from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.api import SamplingParams
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.gguf.model import ModelInfo
     from homelab.models.fetch import Confirm, DownloadOffer
     from homelab.models.launch import Overrides
@@ -353,7 +353,7 @@ def speculation(args: argparse.Namespace) -> SpeculationConfig | None:
     spec, draft = getattr(args, "spec", None), getattr(args, "draft", None)
     if not spec and not draft:
         return None
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
 
     most = positive(getattr(args, "draft_max", None), "--draft-max") or 8
     adaptive = not getattr(args, "draft_fixed", False)
@@ -373,7 +373,7 @@ def unplanned_settings(args: argparse.Namespace) -> Settings:
     type_k, type_v = parse_kv(args.kv) if args.kv else ("f16", "f16")
     ctx = parse_tokens(args.ctx) if args.ctx else UNPLANNED_CTX
     parallel = positive(args.parallel, "--parallel") or 1
-    quantized_v = type_v not in ("f16", "bf16", "f32")  # a quantized V cache needs flash attention
+    quantized_v = type_v not in UNQUANTIZED_KV_TYPES  # a quantized V cache needs flash attention
     return Settings(
         n_ctx=ctx * parallel,
         n_ctx_per_slot=ctx,

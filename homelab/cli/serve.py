@@ -134,7 +134,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     request, hardware = flags.plan_request(args), flags.hardware(args)
     ref = flags.local_model(args, request, hardware)  # downloaded (or refused) before announcing
     model_path = ref.local_path()
-    from homelab.server.embeddings_setup import planning_hardware
+    from homelab.models.embeddings import planning_hardware
 
     embeddings = getattr(args, "embeddings", None)
     plan = plan_file(ref, request, planning_hardware(model_path, hardware, embeddings))
@@ -204,8 +204,8 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
 def build_fleet(args: argparse.Namespace) -> Fleet:
     """The models ``serve`` without MODEL serves, planned with its plan flags for the machine
     as it is now (before anything is loaded) and loaded as ``serve MODEL`` loads one."""
+    from homelab.models.embeddings import load_serving_engine, planning_hardware
     from homelab.models.launch import plan_file
-    from homelab.server.embeddings_setup import load_serving_engine, planning_hardware
     from homelab.server.fleet import Fleet, parse_keep_alive
 
     keep_alive_s = parse_keep_alive(args.keep_alive)
@@ -301,7 +301,7 @@ def _load(
     server: Any,
     embeddings: str | None = None,
 ) -> None:
-    from homelab.server.embeddings_setup import load_serving_engine
+    from homelab.models.embeddings import load_serving_engine
 
     try:
         engine = load_serving_engine(ref, plan, overrides, embeddings)

@@ -38,7 +38,7 @@ from homelab.engine.loader import (
     parse_buffers,
 )
 from homelab.engine.prompt_bound import tokenize_within
-from homelab.errors import BusyError, ContextLengthError, EngineError
+from homelab.errors import BusyError, ContextLengthError, EngineClosedError, EngineError
 from homelab.gguf.model import ModelInfo
 from homelab.llamacpp._lib import Closing
 from homelab.llamacpp.batch import Batch
@@ -218,7 +218,7 @@ class Embedder(Closing):
         """An input's tokens with the model's own framing (BOS, or BERT's [CLS] … [SEP]);
         refused (ContextLengthError) past ``max_input_tokens`` after bounded work."""
         if self._closed:  # the vocabulary may be gone with the model
-            raise EngineError("the embeddings context is closed")
+            raise EngineClosedError("the embeddings context is closed")
         return tokenize_within(
             lambda piece, bos: self.vocab.tokenize(piece, add_bos=bos, parse_special=False),
             text,
@@ -239,7 +239,7 @@ class Embedder(Closing):
                 try:
                     vectors += future.result()
                 except concurrent.futures.CancelledError:
-                    raise EngineError("the embeddings context was closed") from None
+                    raise EngineClosedError("the embeddings context was closed") from None
             return vectors
 
     def _check(self, inputs: Sequence[Sequence[int]]) -> None:
@@ -265,11 +265,11 @@ class Embedder(Closing):
 
     def _submit(self, function: Callable[[], T]) -> concurrent.futures.Future[T]:
         if self._closed:
-            raise EngineError("the embeddings context is closed")
+            raise EngineClosedError("the embeddings context is closed")
         try:
             return self._run(function)
         except RuntimeError as exc:  # an executor or engine that is shutting down
-            raise EngineError("the embeddings context is closed") from exc
+            raise EngineClosedError("the embeddings context is closed") from exc
 
     def _groups(self, inputs: Sequence[Sequence[int]]) -> list[list[Sequence[int]]]:
         """Inputs in order, packed into decodes of at most n_seq sequences and n_batch tokens."""
@@ -388,6 +388,7 @@ class EmbeddingModelEngine(Closing):
 
     n_slots = 1
     speculation = None
+    failure: str | None = None  # an embedding model is never on RPC workers
 
     def __init__(self, embedder: Embedder, model_info: ModelInfo, load_report: LoadReport) -> None:
         self.embedder: Embedder | None = embedder

@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
@@ -43,9 +43,11 @@ from homelab.engine.prompt_bound import tokenize_within
 from homelab.engine.sampling import SamplerChain
 from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig
 from homelab.engine.slots import SlotState, SlotTable
-from homelab.engine.speculation import SpeculationConfig, Speculator, check_target
+from homelab.engine.speculation.config import SpeculationConfig
+from homelab.engine.speculation.refusals import check_target
+from homelab.engine.speculation.speculator import Speculator
 from homelab.engine.text import StopMatcher
-from homelab.errors import BusyError, ContextLengthError, EngineError
+from homelab.errors import BusyError, ContextLengthError, EngineClosedError, EngineError
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
 from homelab.llamacpp import abort as rpc_abort
@@ -53,6 +55,9 @@ from homelab.llamacpp._lib import Closing
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.rpc import worker_lost
 from homelab.settings import Settings
+
+if TYPE_CHECKING:
+    from homelab.engine.embeddings import Embedder
 
 _request_ids = itertools.count(1)
 log = logging.getLogger("homelab.engine")
@@ -107,7 +112,7 @@ class Engine(Closing):
         self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
         self._chat_template = self._make_chat_template()
         self._closed = False
-        self.embedder: Any = None  # an Embedder on this model (see engine/embeddings.py)
+        self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
         self._close_lock = threading.Lock()
         self._failure: EngineError | None = None
         self._unwatch = self._watch_workers()
@@ -224,7 +229,7 @@ class Engine(Closing):
         if self._failure is not None:
             raise self._failure
         if self._closed or self._scheduler.closing:
-            raise EngineError("the engine is closed")
+            raise EngineClosedError("the engine is closed")
         prompt = self._prompt_tokens(request)
         self._check_lengths(prompt, request.sampling.max_tokens)
         chain = SamplerChain(request.sampling, self._vocab, self.n_vocab, self.eog_tokens)
@@ -358,7 +363,7 @@ def _speculator(
     vocab = loaded.model.vocab
     if config.kind == "ngram":
         return Speculator(config, vocab.end_of_generation_tokens())
-    from homelab.engine.draft_model import DraftModel
+    from homelab.engine.speculation.draft_model import DraftModel
 
     assert config.draft_path is not None
     gpu_layers = (

@@ -28,7 +28,7 @@ from homelab.errors import EngineError, ModelFileError, OutOfMemoryError
 from homelab.gguf.model import ModelInfo
 from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
 from homelab.llamacpp.model import Model, ModelLoadError, ModelParams
-from homelab.settings import Settings
+from homelab.settings import COMPARED_KV_TYPES, QUANTIZED_KV_TYPES, Settings
 from homelab.units import MIB
 
 MIN_CTX_PER_SLOT = 512
@@ -185,7 +185,8 @@ def _context_rungs(settings: Settings) -> Iterator[Rung]:
 
 
 def _kv_rungs(settings: Settings) -> Iterator[Rung]:
-    for kv_type in ("q8_0", "q4_0"):
+    """Smaller caches: the quantized ones of the compared K/V types, largest first."""
+    for kv_type in (t for t in COMPARED_KV_TYPES if t in QUANTIZED_KV_TYPES):
         current = max(_kv_rank(settings.type_k), _kv_rank(settings.type_v))
         if _kv_rank(kv_type) <= current:
             continue

@@ -15,8 +15,8 @@ Each step the scheduler
 With speculation (``homelab.engine.speculation``) a generating sequence may bring a draft:
 its row becomes ``[last, d0 … dk-1]`` with logits at every position, in the same
 ``llama_decode`` as everyone else; the target's sampler keeps the agreeing prefix
-(``homelab.engine.acceptance``), the rejected positions are dropped from the cache, and the
-kept tokens are emitted one by one through the same path as a plain token — so a stop
+(``homelab.engine.speculation.acceptance``), the rejected positions are dropped from the
+cache, and the kept tokens are emitted one by one through the same path as a plain token — so a stop
 string, max_tokens, an end-of-generation token or a cancellation in the middle of an
 accepted draft ends the stream exactly where plain decoding would.
 
@@ -40,7 +40,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from homelab.engine.acceptance import verify
 from homelab.engine.api import (
     FinishEvent,
     FinishReason,
@@ -51,7 +50,9 @@ from homelab.engine.api import (
 from homelab.engine.metrics import EngineMeter, RequestClock
 from homelab.engine.sampling import SamplerChain, top_logprobs
 from homelab.engine.slots import Slot, SlotTable
-from homelab.engine.speculation import DraftRequest, SequenceSpeculation, Speculator
+from homelab.engine.speculation.acceptance import verify
+from homelab.engine.speculation.sequence import DraftRequest, SequenceSpeculation
+from homelab.engine.speculation.speculator import Speculator
 from homelab.engine.text import StopMatcher, Utf8Decoder
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context

@@ -1,4 +1,4 @@
-"""Special-purpose demo models (random weights, like :mod:`homelab.gguf.demo`).
+"""Special-purpose demo models (random weights, from :mod:`homelab.gguf.generator`).
 
 ``demo:bert``
     An embedding model as llama.cpp loads BERT: arch ``bert``, non-causal attention, learned
@@ -28,9 +28,9 @@ import gguf
 import numpy as np
 
 from homelab.errors import HomelabError
-from homelab.gguf import demo
+from homelab.gguf import generator as gen
 from homelab.gguf import vocab as v
-from homelab.gguf.demo import ArchSpec, Tensor
+from homelab.gguf.generator import ArchSpec, Tensor
 
 EXTRA_VERSION = 1  # bump when these generated files change, so caches regenerate
 
@@ -49,9 +49,9 @@ Writer = Callable[[Path], Path]
 
 def recipe(name: str, size: str) -> tuple[str, Writer]:
     """(cache file stem, F16 writer) of the special model ``name`` at ``size``."""
-    if size not in demo.SIZES:
+    if size not in gen.SIZES:
         raise HomelabError(
-            f"unknown demo size {size!r}", hint=f"Choose one of {', '.join(demo.SIZES)}."
+            f"unknown demo size {size!r}", hint=f"Choose one of {', '.join(gen.SIZES)}."
         )
     writers: dict[str, Writer] = {
         "bert": lambda path: write_bert(path, size),
@@ -73,7 +73,7 @@ def bert_spec(size: str) -> ArchSpec:
     return BERT_SIZES[size]
 
 
-def _linear(w: demo._Weights, n_in: int, n_out: int, prefix: str) -> Iterator[Tensor]:
+def _linear(w: gen.Weights, n_in: int, n_out: int, prefix: str) -> Iterator[Tensor]:
     yield prefix + ".weight", w.matrix(n_in, n_out)
     yield prefix + ".bias", np.zeros(n_out, dtype=np.float32)
 
@@ -84,7 +84,7 @@ def _layer_norm(n: int, prefix: str) -> Iterator[Tensor]:
 
 
 def _bert_tensors(s: ArchSpec, seed: int) -> Iterator[Tensor]:
-    w = demo._Weights(seed)
+    w = gen.Weights(seed)
     yield "token_embd.weight", w.matrix(s.n_embd, s.n_vocab, scale=0.5)
     # F32 like converted BERTs: llama.cpp adds its row to the F32 embeddings directly
     yield "token_types.weight", w.matrix(s.n_embd, BERT_TOKEN_TYPES).astype(np.float32)
@@ -128,7 +128,7 @@ def _write_bert_metadata(writer: gguf.GGUFWriter, s: ArchSpec, name: str) -> Non
 
 def write_bert(path: Path, size: str = "tiny", seed: int = 0) -> Path:
     s = bert_spec(size)
-    return demo.write_gguf(
+    return gen.write_gguf(
         path,
         s.arch,
         lambda writer: _write_bert_metadata(writer, s, f"homelab-demo-bert-{size}"),
@@ -147,21 +147,21 @@ def reasoning_token_ids(n_vocab: int) -> tuple[int, int]:
 
 
 def write_reasoning(path: Path, size: str = "tiny", seed: int = 0) -> Path:
-    s = demo.spec_for("qwen3", size)
+    s = gen.spec_for("qwen3", size)
     vocabulary = v.build_vocabulary(s.n_vocab, added=REASONING_TOKENS)
 
     def metadata(writer: gguf.GGUFWriter) -> None:
-        demo._write_hparams(writer, s, f"homelab-demo-reasoning-{size}")
-        demo._write_tokenizer(writer, s.n_vocab, vocabulary, v.REASONING_CHAT_TEMPLATE)
+        gen.write_hparams(writer, s, f"homelab-demo-reasoning-{size}")
+        gen.write_tokenizer(writer, s.n_vocab, vocabulary, v.REASONING_CHAT_TEMPLATE)
 
-    return demo.write_gguf(path, s.arch, metadata, demo._tensors(s, seed))
+    return gen.write_gguf(path, s.arch, metadata, gen.random_tensors(s, seed))
 
 
 # --- speculative decoding: a target and its own first layers as the draft --------------------
 
 
 def spec_target_spec(size: str) -> ArchSpec:
-    base = demo.spec_for("llama", size)
+    base = gen.spec_for("llama", size)
     return replace(base, n_vocab=SPEC_VOCAB[size], n_layer=SPEC_TARGET_LAYERS)
 
 
@@ -176,7 +176,7 @@ def _layer_index(tensor_name: str) -> int | None:
 
 def _spec_tensors(size: str, draft: bool, seed: int) -> Iterator[Tensor]:
     """The target's tensors (later layers scaled down), or the draft's subset of them."""
-    for name, data in demo._tensors(spec_target_spec(size), seed):
+    for name, data in gen.random_tensors(spec_target_spec(size), seed):
         layer = _layer_index(name)
         if layer is None or layer < SPEC_DRAFT_LAYERS:
             yield name, data
@@ -190,7 +190,7 @@ def write_spec_pair_member(path: Path, size: str = "bench", *, draft: bool, seed
     name = f"homelab-demo-spec{'-draft' if draft else ''}-{size}"
 
     def metadata(writer: gguf.GGUFWriter) -> None:
-        demo._write_hparams(writer, s, name)
-        demo._write_tokenizer(writer, s.n_vocab)
+        gen.write_hparams(writer, s, name)
+        gen.write_tokenizer(writer, s.n_vocab)
 
-    return demo.write_gguf(path, s.arch, metadata, _spec_tensors(size, draft, seed))
+    return gen.write_gguf(path, s.arch, metadata, _spec_tensors(size, draft, seed))

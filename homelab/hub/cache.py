@@ -44,10 +44,6 @@ def blob_path(cache_dir: Path, repo_id: str, name: str) -> Path:
     return repo_dir(cache_dir, repo_id) / "blobs" / name
 
 
-def partial_path(cache_dir: Path, repo_id: str, name: str) -> Path:
-    return repo_dir(cache_dir, repo_id) / "blobs" / (name + PARTIAL_SUFFIX)
-
-
 def lock_path(cache_dir: Path, repo_id: str, name: str) -> Path:
     """The lock ``huggingface_hub`` also takes while it downloads this blob."""
     path = cache_dir / ".locks" / repo_dir(cache_dir, repo_id).name / f"{name}.lock"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from homelab.errors import HomelabError, PlanError
 from homelab.gguf.model import ModelInfo
+from homelab.hub.labels import placement, speed_label, tokens_label
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,6 @@ def fits_on_this_machine(
 
 def fit_for(model: ModelInfo, hardware: object) -> Fit:
     from homelab.hub.local_quantize import quantize_suggestion
-    from homelab.hub.matrix import placement, speed_label, tokens_label
     from homelab.planner.plan import plan_model
     from homelab.planner.search import PlanRequest
 

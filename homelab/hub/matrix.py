@@ -8,13 +8,13 @@ answer to "which file should I get?".
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from homelab.errors import HomelabError, HubError, PlanError
 from homelab.gguf.model import ModelInfo
 from homelab.hub.client import RepoListing
+from homelab.hub.labels import placement, speed_label, tokens_label
 from homelab.hub.quants import GgufEntry
 from homelab.hub.remote import remote_models
 from homelab.hub.render import table
@@ -129,15 +129,6 @@ def _row(
     )
 
 
-def placement(plan: Plan) -> str:
-    if not plan.hardware.has_gpu or plan.settings.n_gpu_layers == 0:
-        return "CPU"
-    full = plan.full_offload_layers
-    on_gpu = min(plan.settings.n_gpu_layers, full)
-    moe = f", experts of {plan.settings.n_cpu_moe} on CPU" if plan.settings.n_cpu_moe else ""
-    return ("all on GPU" if on_gpu >= full else f"{on_gpu}/{full} layers on GPU") + moe
-
-
 def _cells(plan: Plan, model: ModelInfo, hardware: Hardware) -> tuple[MatrixCell, ...]:
     memory = MemoryModel(model)
     cells = []
@@ -152,17 +143,6 @@ def _cells(plan: Plan, model: ModelInfo, hardware: Hardware) -> tuple[MatrixCell
 
 
 # ---- rendering ----------------------------------------------------------------------------
-
-
-def print_matrix(
-    settings: HubSettings, listing: RepoListing, *, hardware: Hardware, as_json: bool
-) -> int:
-    matrix = build_matrix(settings, listing, hardware)
-    if as_json:
-        print(json.dumps(matrix.to_dict(), indent=2))
-    else:
-        print(render_matrix(matrix), end="")
-    return 0 if matrix.best is not None else 1
 
 
 def render_matrix(matrix: PlanMatrix) -> str:
@@ -202,11 +182,3 @@ def _render_cell(cell: MatrixCell) -> str:
         return "no" if cell.note is None else "n/a"
     speed = "" if cell.decode_tok_s is None else f" · {speed_label(cell.decode_tok_s)}"
     return f"{tokens_label(cell.max_ctx)}{speed}"
-
-
-def tokens_label(n: int) -> str:
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else f"{n:,}"
-
-
-def speed_label(tok_s: float) -> str:
-    return f"{tok_s:.1f} t/s" if tok_s < 100 else f"{tok_s:,.0f} t/s"

@@ -31,10 +31,6 @@ if TYPE_CHECKING:
     from homelab.planner.budget import Hardware
 
 
-def looks_like_repo(name: str) -> bool:
-    return parse_model_ref(name) is not None
-
-
 def hub_variants(name: str, quant: str | None = None) -> list[ModelInfo] | None:
     """The quant variants ``name`` stands for, or None when it is not shaped like a repo.
 

@@ -72,11 +72,6 @@ def watch(watcher: Callable[[str], None]) -> Callable[[], None]:
     return unwatch
 
 
-def heard() -> tuple[str, ...]:
-    """The RPC abort messages this process has survived so far."""
-    return tuple(_heard)
-
-
 def _on_abort(raw: bytes | None) -> None:
     message = (raw or b"").decode("utf-8", errors="replace").strip()
     rpc = is_rpc_failure(message)

@@ -1,33 +1,25 @@
-"""What the installed llama.cpp build can do, and ggml's device registry.
+"""What the installed llama.cpp build can do.
 
-``hardware`` describes the build from :func:`build_facts`; the model loader asks
-:func:`cpu_buffer_type` where to keep MoE experts that stay in host memory. The device list
-comes from ggml's registry (the same one llama.cpp splits layers over), opened through ggml's
-own libraries because llama-cpp-python binds only llama.h.
+``hardware`` describes the build from :func:`build_facts`: its version, ggml's feature list,
+whether it offloads to a local GPU (asked of the device registry, :mod:`.devices`) and whether
+it has the RPC backend (:mod:`.rpc`).
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
-from homelab.errors import EngineError
-from homelab.llamacpp._lib import EXPECTED_VERSION, LlamaCppUnavailable, ggml_library, lib
+from homelab.llamacpp._lib import EXPECTED_VERSION, LlamaCppUnavailable, lib
+from homelab.llamacpp.devices import devices
+from homelab.llamacpp.rpc import available as has_rpc
 
 __all__ = [
     "EXPECTED_VERSION",
     "BuildFacts",
-    "Device",
     "LlamaCppUnavailable",
     "build_facts",
-    "cpu_buffer_type",
-    "devices",
     "supports_gpu_offload",
 ]
-
-# enum ggml_backend_dev_type
-DEVICE_KINDS = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel"}
-_CPU_DEVICE = 0
 
 
 @dataclass(frozen=True)
@@ -40,17 +32,6 @@ class BuildFacts:
     rpc: bool = False  # built with the RPC backend (remote workers, ``homelab worker``)
 
 
-@dataclass(frozen=True)
-class Device:
-    """One device in ggml's registry, with the memory it reports now."""
-
-    name: str  # e.g. "CPU", "CUDA0"
-    description: str
-    kind: str  # "cpu", "gpu", "igpu" or "accel"
-    free_bytes: int
-    total_bytes: int
-
-
 def build_facts() -> BuildFacts:
     """The build's facts; raises LlamaCppUnavailable when llama-cpp-python does not load."""
     module = lib()
@@ -60,14 +41,8 @@ def build_facts() -> BuildFacts:
         version=getattr(module, "__version__", None),
         gpu_offload=supports_gpu_offload(),
         system_info=text.strip(),
-        rpc=_has_rpc(),
+        rpc=has_rpc(),
     )
-
-
-def _has_rpc() -> bool:
-    from homelab.llamacpp.rpc import available
-
-    return available()
 
 
 def supports_gpu_offload() -> bool:
@@ -79,61 +54,3 @@ def supports_gpu_offload() -> bool:
     if not lib().llama_supports_gpu_offload():
         return False
     return any(d.kind in ("gpu", "igpu") and not d.name.startswith("RPC") for d in devices())
-
-
-def devices() -> tuple[Device, ...]:
-    """Every device in ggml's registry, in the registry's order."""
-    ggml, base = _registry()
-    found = []
-    for index in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(index)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        base.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
-        found.append(
-            Device(
-                name=_text(base.ggml_backend_dev_name(device)),
-                description=_text(base.ggml_backend_dev_description(device)),
-                kind=DEVICE_KINDS.get(base.ggml_backend_dev_type(device), "unknown"),
-                free_bytes=int(free.value),
-                total_bytes=int(total.value),
-            )
-        )
-    return tuple(found)
-
-
-def cpu_buffer_type() -> int:
-    """The CPU device's buffer type (host memory), for tensor buffer-type overrides."""
-    ggml, base = _registry()
-    device = ggml.ggml_backend_dev_by_type(_CPU_DEVICE)
-    if not device:
-        raise EngineError(
-            "llama.cpp has no CPU device registered (broken installation)",
-            hint="Reinstall llama-cpp-python.",
-        )
-    return int(base.ggml_backend_dev_buffer_type(device))
-
-
-def _registry() -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    """libggml (the registry) and libggml-base (device queries), with their C signatures."""
-    ggml, base = ggml_library("ggml"), ggml_library("ggml-base")
-    ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
-    ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-    ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
-    ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
-    for name in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
-        getattr(base, name).restype = ctypes.c_char_p
-        getattr(base, name).argtypes = [ctypes.c_void_p]
-    base.ggml_backend_dev_type.restype = ctypes.c_int
-    base.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
-    base.ggml_backend_dev_memory.restype = None
-    base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p] + [
-        ctypes.POINTER(ctypes.c_size_t)
-    ] * 2
-    base.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
-    base.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-    return ggml, base
-
-
-def _text(value: bytes | None) -> str:
-    return (value or b"").decode(errors="replace")

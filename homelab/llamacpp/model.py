@@ -20,7 +20,7 @@ from typing import Any
 
 from homelab.errors import EngineError
 from homelab.llamacpp._lib import Closing, lib, to_bytes
-from homelab.llamacpp.backend import cpu_buffer_type
+from homelab.llamacpp.devices import cpu_buffer_type
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
 from homelab.llamacpp.rpc import any_registered, offload_devices, register_workers
 from homelab.llamacpp.vocab import Vocab

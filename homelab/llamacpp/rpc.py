@@ -34,6 +34,8 @@ from pathlib import Path
 from homelab.errors import EngineError
 from homelab.llamacpp import abort
 from homelab.llamacpp._lib import ggml_library, to_bytes
+from homelab.llamacpp.devices import devices as local_devices
+from homelab.llamacpp.devices import open_registry
 
 # ggml-rpc.h of the vendored llama.cpp: a client and a worker must agree on the major
 # version, and the worker's minor version must not be newer than the client's.
@@ -342,9 +344,7 @@ def any_registered() -> bool:
 def offload_devices(endpoints: tuple[str, ...] | list[str]) -> list[int]:
     """The devices llama.cpp should split over, in the plan's order: every device of each
     worker in ``endpoints`` (registered), then the local GPUs — ``llama_model_params.devices``."""
-    from homelab.llamacpp.backend import _registry
-
-    ggml, base = _registry()
+    ggml, base = open_registry()
     base.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
     base.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
     base.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
@@ -375,9 +375,7 @@ class LocalDevice:
 
 def worker_devices(names: tuple[str, ...] = ()) -> tuple[LocalDevice, ...]:
     """The local devices a worker offers: ``names``, or every GPU (the CPU when there is none)."""
-    from homelab.llamacpp.backend import devices
-
-    known = devices()
+    known = local_devices()
     if names:
         by_name = {d.name.lower(): d for d in known}
         missing = [n for n in names if n.lower() not in by_name]

@@ -78,7 +78,7 @@ class DownloadOffer:
         """``fits · CPU · 32k ctx × 1 slot · KV q8_0 · 9.1 t/s``, or why it does not."""
         if self.plan is None or not self.plan.fits:
             return f"does not fit: {self.problem or 'the planner found no configuration'}"
-        from homelab.hub.matrix import placement, speed_label, tokens_label
+        from homelab.hub.labels import placement, speed_label, tokens_label
 
         s = self.plan.settings
         slots = "slot" if s.n_parallel == 1 else "slots"

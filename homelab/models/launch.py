@@ -20,7 +20,7 @@ from homelab.models.ref import ModelRef
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
     from homelab.planner.search import PlanRequest

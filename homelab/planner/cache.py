@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from homelab.errors import PlanError
 from homelab.gguf.model import ModelInfo
 from homelab.planner.geometry import CacheGeometry, cache_geometry
-from homelab.settings import Settings
+from homelab.settings import QUANTIZED_KV_TYPES, Settings
 
 CTX_PAD = 256  # llama.cpp pads n_ctx, n_ctx_seq and the SWA cache to this
 
@@ -36,7 +36,7 @@ CACHE_TYPE_BLOCKS: dict[str, tuple[int, int]] = {
     "q4_0": (32, 18),
     "iq4_nl": (32, 18),
 }
-QUANTIZED_CACHE_TYPES = frozenset({"q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"})
+QUANTIZED_CACHE_TYPES = frozenset(QUANTIZED_KV_TYPES)
 
 
 def pad(value: int, multiple: int = CTX_PAD) -> int:

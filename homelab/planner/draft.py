@@ -1,11 +1,11 @@
 """The draft model of speculative decoding in a plan: its vocabulary, settings and memory.
 
 The engine loads a draft (``--draft MODEL``) beside the target on a second llama.cpp context
-made from the target's context parameters with ``swa_full`` on (``engine/draft_model.py``):
-the same n_ctx, n_seq_max, n_batch / n_ubatch and K/V types, and the target's
-``n_gpu_layers`` (no expert offload). So the draft costs, per device, its weights, a KV cache
-of the target's slot layout, its own compute buffer and (on the host) its logits buffer —
-the memory model prices it with :func:`draft_settings` like any model.
+made from the target's context parameters with ``swa_full`` on
+(``engine/speculation/draft_model.py``): the same n_ctx, n_seq_max, n_batch / n_ubatch and K/V
+types, and the target's ``n_gpu_layers`` (no expert offload). So the draft costs, per device,
+its weights, a KV cache of the target's slot layout, its own compute buffer and (on the host)
+its logits buffer — the memory model prices it with :func:`draft_settings` like any model.
 
 A draft must speak the target's vocabulary. :func:`vocabulary` reads only the tokenizer keys
 of a GGUF header (the token texts, the tokenizer type, BOS/EOS), cached by path, size and

@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from homelab.errors import EngineError
 from homelab.settings import Settings
 
 DRY_RUN_TIMEOUT_S = 60.0
@@ -167,12 +166,6 @@ def main() -> int:
         result = DryRunResult(ok=False, error=f"{type(error).__name__}: {error}")
     print(json.dumps(result.to_dict()))
     return 0
-
-
-def require_ok(result: DryRunResult) -> DryRunResult:
-    if not result.ok:
-        raise EngineError(f"The llama.cpp dry run failed: {result.error}")
-    return result
 
 
 if __name__ == "__main__":

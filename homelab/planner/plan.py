@@ -35,7 +35,7 @@ from homelab.planner.search import (
     Search,
     order_by_quality,
 )
-from homelab.settings import Settings
+from homelab.settings import UNQUANTIZED_KV_TYPES, Settings
 from homelab.units import GIB, MIB, format_gib, format_size
 
 LOG_RESOLUTION_MIB = 0.005  # llama.cpp logs sizes in MiB with two decimals
@@ -290,7 +290,7 @@ def capacity_rows(choice: Choice, hardware: Hardware) -> tuple[CapacityRow, ...]
     trained = max(choice.model.context_length, 256)
     rows = []
     for pair in pairs:
-        flash = choice.settings.flash_attn or pair[1] not in ("f16", "bf16", "f32")
+        flash = choice.settings.flash_attn or pair[1] not in UNQUANTIZED_KV_TYPES
         problem = kv_pair_problem(choice.model, hardware, pair, flash)
         if problem:
             rows.append(CapacityRow(pair[0], pair[1], 0, 0, pair == chosen, problem))

@@ -16,10 +16,10 @@ from homelab.gguf.model import ModelInfo
 from homelab.planner.budget import Hardware
 from homelab.planner.cache import CACHE_TYPE_BLOCKS, is_quantized
 from homelab.planner.geometry import cache_geometry
-from homelab.settings import KV_TYPES
+from homelab.settings import COMPARED_KV_TYPES, KV_TYPES
 
 KvPair = tuple[str, str]
-DEFAULT_KV_PAIRS: tuple[KvPair, ...] = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
+DEFAULT_KV_PAIRS: tuple[KvPair, ...] = tuple((t, t) for t in COMPARED_KV_TYPES)
 FAST_CUDA_PAIRS = frozenset({("f16", "f16"), ("bf16", "bf16"), ("q8_0", "q8_0"), ("q4_0", "q4_0")})
 # best first: bits per value of the cache types
 KV_QUALITY = {"f32": 32.0, "f16": 16.0, "bf16": 16.0, "q8_0": 8.5, "q5_1": 6.0, "q5_0": 5.5,

@@ -22,18 +22,12 @@ one that matched. Errors on these routes take Anthropic's envelope
 from __future__ import annotations
 
 import json
-import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from homelab.engine.api import FinishEvent, SamplingParams
-from homelab.engine.chat import ToolCall
-from homelab.engine.grammar import schema_to_grammar
-from homelab.errors import EngineError
-from homelab.server import chat
+from homelab.engine.api import FinishEvent
 from homelab.server.anthropic_protocol import (
     MAX_TOKENS_CEILING,
     Conversation,
@@ -44,171 +38,74 @@ from homelab.server.anthropic_protocol import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from homelab.server.errors import api_error_from, context_length_exceeded, invalid_request
-from homelab.server.reasoning import (
-    THINK_CLOSE,
-    THINK_OPEN,
-    ReasoningDelta,
-    after_thought,
-    thinking_switches,
-)
-from homelab.server.replies import (
-    ParsedChoice,
-    ReplyFormat,
-    ReplyPiece,
-    merged_blocks,
-    split_format,
-)
+from homelab.server.engine_seam import HandleLike
+from homelab.server.errors import api_error_from
+from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.prompting import ChatInputs, PreparedChat, prepare_chat, render_chat
+from homelab.server.replies import ParsedChoice, merged_blocks
 from homelab.server.serving import (
-    HandleLike,
-    Prompt,
     RequestContext,
+    SamplingKnobs,
     cancel_all,
     check_finish,
     check_model_name,
-    collect,
     merged_events,
     record,
+    respond,
     submit_choices,
-    tokenize,
     usage,
 )
-from homelab.server.streaming import EventStreamResponse
-from homelab.server.tools import ContentDelta, forced_call_grammar, uses_tagged_calls
+from homelab.server.streaming import EventStreamResponse, sse_event
 
 __all__ = ["MAX_TOKENS_CEILING", "count_tokens", "create_message"]
 
-CLIENT_GONE_STATUS = 499
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A conversation rendered by the model's template and tokenized."""
-
-    text: str  # the prompt, prefill included
-    prefill: str
-    tokens: tuple[int, ...]
-    tools: list[dict[str, Any]] | None
-    template: Any
-    opened: bool  # the prompt leaves a <think> block open
-
-
-@dataclass(frozen=True)
-class Prepared:
-    rendered: Rendered
-    sampling: SamplingParams
-    reply: ReplyFormat
+TOOL_CHOICES = {"any": "required", "auto": "auto", "none": "none"}  # "tool": function:NAME
 
 
 async def create_message(ctx: RequestContext, req: MessagesRequest) -> Response:
-    prepared = await prepare(ctx, req)
-    ctx.request_id = f"msg_{secrets.token_hex(12)}"
-    prompt = Prompt(prepared.rendered.tokens, prepared.rendered.text)
-    handles, submitted = submit_choices(ctx, [prompt], 1, lambda _i, _p: prepared.sampling)
+    check_model_name(ctx.config, req.model)
+    knobs = SamplingKnobs(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+    prepared = await prepare_chat(ctx, chat_inputs(req), knobs, req.max_tokens, budget="clamp")
+    ctx.new_id("msg_")
+    handles, submitted = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
     choices = prepared.reply.choices(submitted, handles)
     if req.stream:
         return EventStreamResponse(_events(ctx, req, prepared, handles, choices))
-    if not await collect(ctx, handles, choices):
-        record(ctx, choices, cancelled=True)
-        return Response(status_code=CLIENT_GONE_STATUS)
-    record(ctx, choices)
-    return JSONResponse(message_body(ctx, req, choices[0]))
+    return await respond(ctx, handles, choices, lambda: message_body(ctx, req, choices[0]))
 
 
 async def count_tokens(ctx: RequestContext, req: CountTokensRequest) -> Response:
-    rendered = await render_conversation(ctx, req)
+    check_model_name(ctx.config, req.model)
+    rendered = await render_chat(ctx, chat_inputs(req))
     return JSONResponse({"input_tokens": len(rendered.tokens)})
 
 
-# --- preparing -----------------------------------------------------------------------------
+# --- the conversation as chat inputs ---------------------------------------------------------
 
 
-async def prepare(ctx: RequestContext, req: MessagesRequest) -> Prepared:
-    rendered = await render_conversation(ctx, req)
-    max_tokens = max(1, _max_tokens(ctx, req.max_tokens, len(rendered.tokens)))  # 0: one, unsent
-    reasoning = split_format(rendered.template, ctx.config.reasoning_format)
-    reply = ReplyFormat.for_prompt(
-        ctx.engine,
-        reasoning,
-        rendered.text,
-        parse_tools=rendered.tools is not None,
-        stops=req.stop_sequences or (),
-        opened=rendered.opened,
-    )
-    grammar = _tool_grammar(req, rendered) or _format_grammar(req)
-    if grammar is not None and reply.opened:
-        grammar = after_thought(grammar)
-    defaults = SamplingParams()
-    sampling = SamplingParams(
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
-        top_k=defaults.top_k if req.top_k is None else req.top_k,
-        top_p=defaults.top_p if req.top_p is None else req.top_p,
-        max_tokens=max_tokens,
-        grammar=grammar,
-    )
-    return Prepared(rendered, sampling, reply)
-
-
-async def render_conversation(ctx: RequestContext, conv: Conversation) -> Rendered:
-    check_model_name(ctx.config, conv.model)
-    template = ctx.engine.chat_template
-    if template is None:
-        raise invalid_request("This model has no chat template; use /v1/completions.")
-    tools = _offered_tools(conv, template)
-    source = getattr(template, "source", "")
-    switches = thinking_switches(
-        source,
+def chat_inputs(conv: Conversation) -> ChatInputs:
+    """A Messages (or count_tokens) request in the chat template's terms."""
+    messages, prefill = template_messages(conv)
+    fmt = conv.output_config.format if conv.output_config else None
+    return ChatInputs(
+        messages=messages,
+        tools=[tool.as_function() for tool in conv.tools] if conv.tools else None,
+        tool_choice=_tool_choice(conv),
+        answer_format="json_schema" if fmt is not None else "text",
+        answer_schema=fmt.schema_ if fmt is not None else None,
+        prefill=prefill,
         enable_thinking=conv.thinking.enable_thinking() if conv.thinking else None,
         reasoning_effort=conv.output_config.reasoning_effort() if conv.output_config else None,
-        default_enable_thinking=ctx.config.enable_thinking,
+        reply_stops=tuple(conv.stop_sequences or ()) if isinstance(conv, MessagesRequest) else (),
     )
-    messages, prefill = template_messages(conv)
-    base = await chat.render_messages(ctx, messages, tools, switches)
-    text = base + prefill
-    tokens = await tokenize(ctx.engine, text, add_bos=True)
-    opened = base.rstrip().endswith(THINK_OPEN) and THINK_CLOSE not in prefill
-    return Rendered(text, prefill, tokens, tools, template, opened)
 
 
-def _offered_tools(conv: Conversation, template: Any) -> list[dict[str, Any]] | None:
-    if not conv.tools or (conv.tool_choice is not None and conv.tool_choice.type == "none"):
+def _tool_choice(conv: Conversation) -> str | None:
+    choice = conv.tool_choice
+    if choice is None:
         return None
-    if not getattr(template, "supports_tools", False):
-        raise invalid_request("This model's chat template does not support tools.")
-    return [tool.as_function() for tool in conv.tools]
-
-
-def _tool_grammar(req: MessagesRequest, rendered: Rendered) -> str | None:
-    choice = req.tool_choice
-    if rendered.tools is None or choice is None or choice.type not in ("any", "tool"):
-        return None
-    only = choice.name if choice.type == "tool" else None
-    tagged = uses_tagged_calls(getattr(rendered.template, "source", ""))
-    try:
-        return forced_call_grammar(rendered.tools, only, tagged)
-    except EngineError as exc:
-        raise invalid_request(f"Unusable tool input_schema: {exc}") from exc
-
-
-def _format_grammar(req: MessagesRequest) -> str | None:
-    """``output_config.format``: the answer is JSON that the schema accepts."""
-    fmt = req.output_config.format if req.output_config else None
-    if fmt is None:
-        return None
-    try:
-        return schema_to_grammar(fmt.schema_)
-    except EngineError as exc:
-        raise invalid_request(f"Unusable output_config.format schema: {exc}") from exc
-
-
-def _max_tokens(ctx: RequestContext, requested: int, prompt_tokens: int) -> int:
-    """``max_tokens`` within the context left after the prompt (and the server's limit)."""
-    n_ctx = ctx.engine.n_ctx_per_slot
-    room = n_ctx - prompt_tokens
-    if room < 1:
-        raise context_length_exceeded(prompt_tokens, 1, n_ctx)
-    return min(requested, room, ctx.config.max_tokens_limit or room)
+    return f"function:{choice.name}" if choice.type == "tool" else TOOL_CHOICES[choice.type]
 
 
 def template_messages(conv: Conversation) -> tuple[list[dict[str, Any]], str]:
@@ -357,11 +254,6 @@ def _tool_use_start(call: ToolCall) -> dict[str, Any]:
 # --- streaming -------------------------------------------------------------------------------
 
 
-def sse(name: str, payload: Mapping[str, Any]) -> bytes:
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {name}\ndata: {data}\n\n".encode()
-
-
 class _Blocks:
     """Opens, fills and closes content blocks as pieces arrive."""
 
@@ -389,7 +281,9 @@ class _Blocks:
         if self.open is None and not force:
             return []
         self.open = None
-        return [sse("content_block_stop", {"type": "content_block_stop", "index": self.index})]
+        return [
+            sse_event({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+        ]
 
     def _ensure(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         if self.open == kind:
@@ -401,17 +295,17 @@ class _Blocks:
     def _start(self, block: dict[str, Any]) -> list[bytes]:
         self.index += 1
         payload = {"type": "content_block_start", "index": self.index, "content_block": block}
-        return [sse("content_block_start", payload)]
+        return [sse_event(payload, "content_block_start")]
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         payload = {"type": "content_block_delta", "index": self.index, "delta": delta}
-        return sse("content_block_delta", payload)
+        return sse_event(payload, "content_block_delta")
 
 
 async def _events(
     ctx: RequestContext,
     req: MessagesRequest,
-    prepared: Prepared,
+    prepared: PreparedChat,
     handles: Sequence[HandleLike],
     choices: list[ParsedChoice],
 ) -> AsyncIterator[bytes]:
@@ -425,8 +319,8 @@ async def _events(
         "usage": start_usage,
     }
     try:
-        yield sse("message_start", {"type": "message_start", "message": message})
-        yield sse("ping", {"type": "ping"})
+        yield sse_event({"type": "message_start", "message": message}, "message_start")
+        yield sse_event({"type": "ping"}, "ping")
         async for _, event in merged_events(handles):
             choice.add(event)
             for piece in shown(req, choice.take()):
@@ -439,15 +333,15 @@ async def _events(
             "stop_reason": stop_reason(req, choice, finish, blocks.calls > 0),
             "stop_sequence": choice.reply.stop_sequence,
         }
-        yield sse(
-            "message_delta",
+        yield sse_event(
             {"type": "message_delta", "delta": delta, "usage": message_usage(req, choice)},
+            "message_delta",
         )
         completed = True
-        yield sse("message_stop", {"type": "message_stop"})
+        yield sse_event({"type": "message_stop"}, "message_stop")
     except Exception as exc:  # after the stream started: Anthropic's error event
         completed = True
-        yield sse("error", api_error_from(exc).anthropic_envelope())
+        yield sse_event(api_error_from(exc).anthropic_envelope(), "error")
     finally:
         cancel_all(handles)
         record(ctx, choices, cancelled=not completed)

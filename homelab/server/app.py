@@ -36,6 +36,7 @@ from homelab.server.anthropic_protocol import (
 )
 from homelab.server.auth import TenantLimiter
 from homelab.server.config import ServerConfig
+from homelab.server.engine_seam import EngineLike
 from homelab.server.errors import (
     ApiError,
     api_error_from,
@@ -64,7 +65,7 @@ from homelab.server.protocol import (
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
 from homelab.server.responses_protocol import ResponsesRequest
-from homelab.server.serving import EngineLike, RequestContext
+from homelab.server.serving import RequestContext
 
 NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (ResponsesRequest, embeddings.EmbeddingRequest)
 ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest)
@@ -116,8 +117,7 @@ class ServerState:
 
 def engine_failure(engine: EngineLike | None) -> str | None:
     """Why ``engine`` can serve nothing more (``Engine.failure``: a lost RPC worker), or None."""
-    failure = getattr(engine, "failure", None)
-    return failure if isinstance(failure, str) else None
+    return None if engine is None else engine.failure
 
 
 def create_app(
@@ -147,6 +147,7 @@ def server_state(app: FastAPI) -> ServerState:
 
 
 async def parse_body(request: Request, model: type[Body]) -> Body:
+    """The request body as ``model``; any problem is a 400 in the route's dialect."""
     try:
         raw = await request.body()
     except ClientDisconnect:  # gone mid-upload: nobody reads the answer, nothing to log
@@ -154,53 +155,38 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
             400, "The client disconnected during the upload.", code="client_disconnected"
         ) from None
     try:
-        body = model.model_validate_json(raw)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
-    state = server_state(request.app)
-    name = getattr(body, "model", None)
-    if state.fleet is not None and isinstance(name, str):
-        await _take_model(state.fleet, request, name, raw)
-    return body
 
 
-async def _take_model(fleet: Fleet, request: Request, name: str, raw: bytes) -> None:
-    """Several models: the request's model, loaded first when needed, held (a lease) until
-    the response ends; ``_context`` then serves the request with its engine."""
-    keep_alive: float | bool | None = False
-    if b'"keep_alive"' in raw:
-        value = json.loads(raw).get("keep_alive")
-        if value is not None:
-            try:
-                keep_alive = parse_keep_alive(value)
-            except HomelabError as exc:
-                raise invalid_request(exc.message, param="keep_alive") from None
-    lease = await fleet.acquire(name, keep_alive)
+async def serving_context(state: ServerState, request: Request, model: str) -> RequestContext:
+    """What a generation route serves a request with: the engine, config and counters.
+
+    One model: that engine (a 503 while it loads). Several (``serve`` without MODEL): the
+    request's model, loaded first when needed and held (a lease, returned by
+    :class:`~homelab.server.fleet.LeaseRelease` when the response has ended)."""
+    tenant, usage = request.scope[TENANT_KEY], request.scope.setdefault(USAGE_KEY, {})
+    if state.fleet is None:
+        return RequestContext(state.engine(), state.config, state.metrics, tenant, usage, request)
+    lease = await state.fleet.acquire(model, await _keep_alive(request))
     request.scope.setdefault(LEASES_KEY, []).append(lease)
+    config = replace(state.config, model_id=lease.model.name, model_aliases=())
+    return RequestContext(lease.engine, config, lease.model.metrics, tenant, usage, request)
 
 
-def _context(state: ServerState, request: Request) -> RequestContext:
-    """What every generation route serves a request with: the engine (the one model, or the
-    model the request named, see ``parse_body``), config and counters."""
-    leases = request.scope.get(LEASES_KEY)
-    if leases:
-        lease = leases[-1]
-        return RequestContext(
-            engine=lease.engine,
-            config=replace(state.config, model_id=lease.slot.name, model_aliases=()),
-            metrics=lease.slot.metrics,
-            tenant=request.scope[TENANT_KEY],
-            usage=request.scope.setdefault(USAGE_KEY, {}),
-            http=request,
-        )
-    return RequestContext(
-        engine=state.engine(),
-        config=state.config,
-        metrics=state.metrics,
-        tenant=request.scope[TENANT_KEY],
-        usage=request.scope.setdefault(USAGE_KEY, {}),
-        http=request,
-    )
+async def _keep_alive(request: Request) -> float | bool | None:
+    """The request's own ``keep_alive`` (Ollama's), or False: the fleet's default."""
+    raw = await request.body()  # cached by Starlette: parsed already
+    if b'"keep_alive"' not in raw:
+        return False
+    value = json.loads(raw).get("keep_alive")
+    if value is None:
+        return False
+    try:
+        return parse_keep_alive(value)
+    except HomelabError as exc:
+        raise invalid_request(exc.message, param="keep_alive") from None
 
 
 def _body_doc(name: str) -> dict[str, Any]:
@@ -244,7 +230,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models/{model}", response_model=ModelCard, responses=ERROR_RESPONSES)
     async def retrieve_model(model: str) -> JSONResponse:
         if state.fleet is not None:
-            state.fleet.slot(model)  # the 404 for unknown names
+            state.fleet.model(model)  # the 404 for unknown names
             return JSONResponse(_fleet_card(state, state.fleet, model))
         if not state.config.accepts_model(model):
             raise ApiError(
@@ -263,7 +249,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     )
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
-        return await chat.chat_completion(_context(state, request), body)
+        ctx = await serving_context(state, request, body.model)
+        return await chat.chat_completion(ctx, body)
 
     @app.post(
         "/v1/completions",
@@ -273,21 +260,24 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     )
     async def text_completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
-        return await completions.text_completion(_context(state, request), body)
+        ctx = await serving_context(state, request, body.model)
+        return await completions.text_completion(ctx, body)
 
     @app.post(
         "/v1/responses", responses=ERROR_RESPONSES, openapi_extra=_body_doc("ResponsesRequest")
     )
     async def create_response(request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
-        return await responses.create_response(_context(state, request), body)
+        ctx = await serving_context(state, request, body.model)
+        return await responses.create_response(ctx, body)
 
     @app.post(
         "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=_body_doc("EmbeddingRequest")
     )
     async def create_embeddings(request: Request) -> Response:
         body = await parse_body(request, embeddings.EmbeddingRequest)
-        return await embeddings.create_embeddings(_context(state, request), body)
+        ctx = await serving_context(state, request, body.model)
+        return await embeddings.create_embeddings(ctx, body)
 
     @app.post(
         "/v1/messages",
@@ -297,7 +287,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     )
     async def create_message(request: Request) -> Response:
         body = await parse_body(request, MessagesRequest)
-        return await anthropic.create_message(_context(state, request), body)
+        ctx = await serving_context(state, request, body.model)
+        return await anthropic.create_message(ctx, body)
 
     @app.post(
         "/v1/messages/count_tokens",
@@ -307,7 +298,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     )
     async def count_message_tokens(request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
-        return await anthropic.count_tokens(_context(state, request), body)
+        ctx = await serving_context(state, request, body.model)
+        return await anthropic.count_tokens(ctx, body)
 
 
 def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
@@ -316,7 +308,7 @@ def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
         "object": "model",
         "created": state.started,
         "owned_by": "homelab",
-        "status": fleet.slots[name].status,
+        "status": fleet.models[name].status,
     }
 
 

@@ -1,222 +1,59 @@
-"""``POST /v1/chat/completions``: template, tools, JSON mode, streaming and not."""
+"""``POST /v1/chat/completions``: the wire request mapped into the one chat preparation
+(:mod:`homelab.server.prompting`), the parsed reply shaped as a ``chat.completion`` or
+streamed as ``chat.completion.chunk`` events."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import anyio.to_thread
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
-from homelab.engine.api import FinishEvent, SamplingParams, TokenEvent, TokenLogprob
-from homelab.engine.chat import ToolCall
-from homelab.engine.grammar import JSON_OBJECT_GRAMMAR, schema_to_grammar
-from homelab.errors import EngineError
-from homelab.server.errors import api_error_from, invalid_request, prompt_too_long
-from homelab.server.protocol import ChatCompletionRequest, ChatMessage
-from homelab.server.reasoning import ReasoningDelta, after_thought, thinking_switches
-from homelab.server.replies import ParsedChoice, ReplyFormat, ReplyPiece, split_format
+from homelab.engine.api import FinishEvent, TokenEvent, TokenLogprob
+from homelab.server.engine_seam import HandleLike
+from homelab.server.errors import api_error_from
+from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.prompting import chat_inputs, prepare_chat
+from homelab.server.protocol import ChatCompletionRequest
+from homelab.server.replies import ParsedChoice, ReplyFormat
 from homelab.server.serving import (
-    INLINE_CHARS,
     ChoiceState,
-    EngineLike,
-    HandleLike,
-    Prompt,
     RequestContext,
+    SamplingKnobs,
     cancel_all,
     check_choices,
     check_finish,
     check_model_name,
-    collect,
-    max_tokens_for,
     merged_events,
     record,
-    sampling_params,
+    respond,
     submit_choices,
-    tokenize,
     usage,
 )
 from homelab.server.streaming import DONE, EventStreamResponse, sse_error, sse_event
-from homelab.server.tools import ContentDelta, forced_call_grammar, uses_tagged_calls
-
-CLIENT_GONE_STATUS = 499  # nobody reads it; the client disconnected
 
 
 async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Response:
-    prompt, sampling_for, reply = await _prepare(ctx, req)
-    ctx.new_id("chatcmpl")
-    handles, submitted = submit_choices(ctx, [prompt], req.n, sampling_for)
-    states = reply.choices(submitted, handles)
-    if req.stream:
-        return EventStreamResponse(_stream(ctx, req, handles, states, reply))
-    if not await collect(ctx, handles, states):
-        record(ctx, states, cancelled=True)
-        return Response(status_code=CLIENT_GONE_STATUS)
-    record(ctx, states)
-    choices = [_choice(state, req.logprobs) for state in states]
-    body = {
-        **_header(ctx, req, "chat.completion"),
-        "choices": choices,
-        "usage": chat_usage(states, reply),
-    }
-    return JSONResponse(body)
-
-
-async def _prepare(
-    ctx: RequestContext, req: ChatCompletionRequest
-) -> tuple[Prompt, Callable[[int, Prompt], SamplingParams], ReplyFormat]:
-    """Everything checked and rendered: (prompt, sampling per choice, how to parse replies)."""
     check_model_name(ctx.config, req.model)
     check_choices(ctx.config, req.n)
-    template = ctx.engine.chat_template
-    if template is None:
-        raise invalid_request(
-            "This model has no chat template; use /v1/completions.", param="messages"
-        )
-    tools = offered_tools(req, template)
-    grammar = output_grammar(req, tools, template)
-    switches = thinking_switches(
-        getattr(template, "source", ""),
-        req.chat_template_kwargs,
-        reasoning_effort=req.reasoning_effort,
-        default_enable_thinking=ctx.config.enable_thinking,
-    )
-    text = await render(ctx, req.messages, tools, switches)
-    tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
-    reasoning = split_format(template, ctx.config.reasoning_format, req.reasoning_format)
-    reply = ReplyFormat.for_prompt(ctx.engine, reasoning, text, parse_tools=tools is not None)
-    if grammar is not None and reply.opened:  # the reply starts inside <think>: let it think
-        grammar = after_thought(grammar)
-    max_tokens = max_tokens_for(
-        ctx, req.requested_max_tokens(), ctx.config.default_max_tokens, len(tokens)
-    )
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    n_vocab = ctx.engine.model_info.n_vocab
-
-    def sampling_for(index: int, _: Prompt) -> SamplingParams:
-        return sampling_params(
-            req,
-            max_tokens=max_tokens,
-            n_vocab=n_vocab,
-            logprobs=logprobs,
-            grammar=grammar,
-            choice_index=index,
-        )
-
-    return Prompt(tokens, text), sampling_for, reply
-
-
-def offered_tools(req: ChatCompletionRequest, template: Any) -> list[dict[str, Any]] | None:
-    """Tools to render into the prompt (None: render and parse none)."""
-    if not req.tools or req.tool_choice == "none":
-        return None
-    if not getattr(template, "supports_tools", False):
-        raise invalid_request("This model's chat template does not support tools.", param="tools")
-    names = {tool.function.name for tool in req.tools}
-    choice = req.tool_choice
-    if isinstance(choice, str) and choice.startswith("function:") and choice[9:] not in names:
-        raise invalid_request(
-            f"tool_choice names '{choice[9:]}', which is not in tools.", param="tool_choice"
-        )
-    return [tool.model_dump(exclude_none=True) for tool in req.tools]
-
-
-def output_grammar(
-    req: ChatCompletionRequest, tools: list[dict[str, Any]] | None, template: Any
-) -> str | None:
-    forced = req.tool_choice == "required" or str(req.tool_choice).startswith("function:")
-    fmt = req.response_format
-    if tools and forced:
-        if fmt is not None and fmt.type != "text":
-            raise invalid_request(
-                "response_format cannot be combined with a forced tool_choice.",
-                param="response_format",
-            )
-        only = req.tool_choice[9:] if str(req.tool_choice).startswith("function:") else None
-        tagged = uses_tagged_calls(getattr(template, "source", ""))
-        return _grammar_or_400(lambda: forced_call_grammar(tools, only, tagged), "tools")
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return JSON_OBJECT_GRAMMAR
-    schema = fmt.json_schema.schema_ if fmt.json_schema else {}
-    return _grammar_or_400(lambda: schema_to_grammar(schema), "response_format")
-
-
-def _grammar_or_400(make: Any, param: str) -> str:
-    try:
-        return str(make())
-    except EngineError as exc:
-        raise invalid_request(f"Unusable JSON schema: {exc}", param=param) from exc
-
-
-async def render(
-    ctx: RequestContext,
-    messages: Sequence[ChatMessage],
-    tools: list[dict[str, Any]] | None,
-    switches: Mapping[str, Any] | None = None,
-) -> str:
-    rendered = [_template_message(m) for m in messages]
-    return await render_messages(ctx, rendered, tools, switches)
-
-
-async def render_messages(
-    ctx: RequestContext,
-    rendered: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    switches: Mapping[str, Any] | None = None,
-) -> str:
-    """The prompt for template-shaped messages (``switches``: extra template variables such
-    as ``enable_thinking``); a template's refusal is a 400."""
-    chars = sum(len(m["content"]) for m in rendered)
-    if chars > ctx.engine.n_ctx_per_slot:
-        refuse_user_text_beyond_context(ctx.engine, rendered)
-
-    def run() -> str:
-        if not switches:
-            return ctx.engine.render_chat(rendered, tools)
-        template = ctx.engine.chat_template
-        return str(template.render(rendered, tools=tools, add_generation_prompt=True, **switches))
-
-    try:
-        if chars + len(str(tools or "")) <= INLINE_CHARS:
-            return run()
-        return str(await anyio.to_thread.run_sync(run))
-    except EngineError as exc:  # the template refused these messages (e.g. roles must alternate)
-        raise invalid_request(str(exc), param="messages") from exc
-
-
-def refuse_user_text_beyond_context(engine: EngineLike, messages: Sequence[dict[str, Any]]) -> None:
-    """Refuse before rendering (about 25 µs a message) a chat whose user messages alone cannot
-    fit: every template renders each user message's text (at most trimmed), and no token
-    stands for more than ``longest_token_bytes`` of it. Other roles are left out: some
-    templates drop parts of them (earlier turns' reasoning, a system message)."""
-    longest = engine.longest_token_bytes
-    if not longest:
-        return
-    size = sum(len(m["content"].strip().encode()) for m in messages if m["role"] == "user")
-    at_least = -(-size // longest)
-    limit = engine.n_ctx_per_slot - 1
-    if at_least > limit:
-        detail = (
-            f"the user messages' {size} bytes alone are at least {at_least} tokens, "
-            f"more than the {limit} that fit"
-        )
-        raise prompt_too_long(engine.n_ctx_per_slot, detail)
-
-
-def _template_message(message: ChatMessage) -> dict[str, Any]:
-    rendered: dict[str, Any] = {
-        "role": "system" if message.role == "developer" else message.role,
-        "content": message.text(),
-    }
-    if message.tool_calls:
-        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
-    if message.tool_call_id is not None:
-        rendered["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        rendered["name"] = message.name
-    return rendered
+    knobs = SamplingKnobs.of(req, logprobs)
+    prepared = await prepare_chat(ctx, chat_inputs(req), knobs, req.requested_max_tokens())
+    ctx.new_id("chatcmpl-")
+    handles, submitted = submit_choices(ctx, [prepared.prompt], req.n, prepared.sampling_for)
+    states = prepared.reply.choices(submitted, handles)
+    if req.stream:
+        return EventStreamResponse(_stream(ctx, req, handles, states, prepared.reply))
+    return await respond(
+        ctx,
+        handles,
+        states,
+        lambda: {
+            **_header(ctx, req, "chat.completion"),
+            "choices": [_choice(state, req.logprobs) for state in states],
+            "usage": chat_usage(states, prepared.reply),
+        },
+    )
 
 
 # --- response shapes ------------------------------------------------------------------------

@@ -5,25 +5,26 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from homelab.engine.api import SamplingParams, TokenEvent
+from homelab.server.engine_seam import HandleLike
 from homelab.server.errors import api_error_from
 from homelab.server.protocol import CompletionRequest
 from homelab.server.serving import (
     ChoiceState,
-    HandleLike,
     Prompt,
     RequestContext,
+    SamplingKnobs,
     cancel_all,
     check_choices,
     check_finish,
     check_model_name,
     check_token_ids,
-    collect,
     max_tokens_for,
     merged_events,
     record,
+    respond,
     sampling_params,
     submit_choices,
     tokenize,
@@ -31,22 +32,25 @@ from homelab.server.serving import (
 )
 from homelab.server.streaming import DONE, EventStreamResponse, sse_error, sse_event
 
-CLIENT_GONE_STATUS = 499
-
 
 async def text_completion(ctx: RequestContext, req: CompletionRequest) -> Response:
     prompts, sampling_for = await _prepare_all(ctx, req)
-    ctx.new_id("cmpl")
+    ctx.new_id("cmpl-")
     handles, states = submit_choices(ctx, prompts, req.n, sampling_for)
     echoes = [_echo_text(ctx, prompts[s.prompt_index]) if req.echo else "" for s in states]
     if req.stream:
         return EventStreamResponse(_stream(ctx, req, handles, states, echoes))
-    if not await collect(ctx, handles, states):
-        record(ctx, states, cancelled=True)
-        return Response(status_code=CLIENT_GONE_STATUS)
-    record(ctx, states)
-    choices = [_choice(state, echoes[state.index], req.logprobs is not None) for state in states]
-    return JSONResponse({**_header(ctx, req), "choices": choices, "usage": usage(states)})
+    want_logprobs = req.logprobs is not None
+    return await respond(
+        ctx,
+        handles,
+        states,
+        lambda: {
+            **_header(ctx, req),
+            "choices": [_choice(s, echoes[s.index], want_logprobs) for s in states],
+            "usage": usage(states),
+        },
+    )
 
 
 async def _prepare_all(
@@ -61,15 +65,11 @@ async def _prepare_all(
         ctx, req.max_tokens, ctx.config.default_completion_max_tokens, longest
     )
     n_vocab = ctx.engine.model_info.n_vocab
+    knobs = SamplingKnobs.of(req, req.logprobs)
 
     def sampling_for(index: int, _: Prompt) -> SamplingParams:
         return sampling_params(
-            req,
-            max_tokens=max_tokens,
-            n_vocab=n_vocab,
-            logprobs=req.logprobs,
-            grammar=None,
-            choice_index=index,
+            knobs, max_tokens=max_tokens, n_vocab=n_vocab, grammar=None, choice_index=index
         )
 
     return prompts, sampling_for
@@ -85,8 +85,7 @@ async def _prepare(ctx: RequestContext, raw: str | tuple[int, ...]) -> Prompt:
 def _echo_text(ctx: RequestContext, prompt: Prompt) -> str:
     if prompt.text is not None:
         return prompt.text
-    detokenize = getattr(ctx.engine, "detokenize", None)
-    return str(detokenize(list(prompt.tokens))) if detokenize else ""
+    return ctx.engine.detokenize(list(prompt.tokens))
 
 
 def _header(ctx: RequestContext, req: CompletionRequest) -> dict[str, Any]:

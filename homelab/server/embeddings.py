@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 import numpy as np
@@ -23,7 +23,8 @@ from pydantic import Field, WithJsonSchema, field_validator
 from starlette.responses import JSONResponse, Response
 
 from homelab.engine.api import RequestStats
-from homelab.errors import BusyError, ContextLengthError, EngineError
+from homelab.errors import ContextLengthError
+from homelab.server.engine_seam import EmbedderLike
 from homelab.server.errors import ApiError, invalid_request
 from homelab.server.protocol import INT64_MAX, _is_token_id, _Wire
 from homelab.server.serving import RequestContext, check_model_name, check_token_ids
@@ -89,19 +90,6 @@ class EmbeddingRequest(_Wire):
         return self.input if isinstance(self.input, list) else []
 
 
-class EmbedderLike(Protocol):
-    """The part of :class:`homelab.engine.embeddings.Embedder` the route uses."""
-
-    n_embd: int
-    max_input_tokens: int
-    pooling: str
-
-    @property
-    def n_vocab(self) -> int: ...
-    def tokenize(self, text: str) -> list[int]: ...
-    def embed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray]: ...
-
-
 # --- the route ------------------------------------------------------------------------------
 
 
@@ -130,7 +118,7 @@ async def create_embeddings(ctx: RequestContext, req: EmbeddingRequest) -> Respo
 
 
 def embedder_of(ctx: RequestContext, model: str) -> EmbedderLike:
-    embedder = getattr(ctx.engine, "embedder", None)
+    embedder = ctx.engine.embedder
     if embedder is None:
         raise invalid_request(
             f"The model '{model}' does not serve embeddings. Serve an embedding model, or "
@@ -173,14 +161,9 @@ def _too_long(param: str, embedder: EmbedderLike, detail: str) -> ApiError:
 
 
 async def _embedded(embedder: EmbedderLike, tokens: list[Sequence[int]]) -> list[np.ndarray]:
-    try:
-        return await anyio.to_thread.run_sync(embedder.embed, tokens)
-    except (ContextLengthError, BusyError):
-        raise  # mapped by the one error path (400 / 503)
-    except EngineError as exc:
-        if "closed" in str(exc):
-            raise ApiError(503, "The server is shutting down.", code="shutting_down") from exc
-        raise
+    """The vectors; a closed embedder (shutting down) and a full queue are 503s, mapped by
+    the one error path (:func:`~homelab.server.errors.api_error_from`)."""
+    return await anyio.to_thread.run_sync(embedder.embed, tokens)
 
 
 def _encoded(vector: np.ndarray, req: EmbeddingRequest) -> list[float] | str:

@@ -17,7 +17,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from homelab.errors import BusyError, ContextLengthError, EngineError, HomelabError
+from homelab.errors import (
+    BusyError,
+    ContextLengthError,
+    EngineClosedError,
+    EngineError,
+    HomelabError,
+)
 
 log = logging.getLogger("homelab.server")
 
@@ -138,6 +144,8 @@ def api_error_from(exc: BaseException) -> ApiError:
         return service_unavailable(
             "The server is at capacity (request queue full). Retry shortly.", code="queue_full"
         )
+    if isinstance(exc, EngineClosedError):
+        return service_unavailable("The server is shutting down.", code="shutting_down")
     if isinstance(exc, EngineError | HomelabError):
         log.error("request failed: %s: %s", type(exc).__name__, exc)
         return server_error()

@@ -1,7 +1,7 @@
 """Several models behind one endpoint: which are loaded, loading them on demand, evicting.
 
 ``homelab serve`` without MODEL serves the local library through a :class:`Fleet`. Each
-servable model is a :class:`ModelSlot` (``unloaded`` → ``loading`` → ``loaded``) with its own
+servable model is a :class:`FleetModel` (``unloaded`` → ``loading`` → ``loaded``) with its own
 engine — and so its own slots and tenant-isolated prefix cache — and its own counters.
 
 Residency is the planner's decision, not a count. Loading a model plans it for the budgets
@@ -34,9 +34,9 @@ import anyio.to_thread
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from homelab.errors import ConfigError, HomelabError, OutOfMemoryError, PlanError
+from homelab.server.engine_seam import LoadedEngine
 from homelab.server.errors import ApiError, service_unavailable
 from homelab.server.metrics import ServerMetrics
-from homelab.server.serving import EngineLike
 
 if TYPE_CHECKING:
     from homelab.planner.budget import Hardware
@@ -81,16 +81,16 @@ class Servable:
 
 
 PlanFn = Callable[[Servable, "Hardware"], "Plan"]
-LoadFn = Callable[[Servable, "Plan"], EngineLike]
+LoadFn = Callable[[Servable, "Plan"], LoadedEngine]
 
 
 @dataclass
-class ModelSlot:
+class FleetModel:
     """One servable model and its state."""
 
     servable: Servable
     status: Status = "unloaded"
-    engine: EngineLike | None = None
+    engine: LoadedEngine | None = None
     plan: Plan | None = None
     actual_bytes: dict[str, int] = field(default_factory=dict)  # per device, after loading
     in_flight: int = 0  # leases out (requests being served, streams included)
@@ -121,10 +121,11 @@ class ModelSlot:
 class Lease:
     """A request's hold on a loaded model (its engine cannot be unloaded while held)."""
 
-    def __init__(self, fleet: Fleet, slot: ModelSlot, keep_alive_s: float | bool | None) -> None:
+    def __init__(self, fleet: Fleet, model: FleetModel, keep_alive_s: float | bool | None) -> None:
         self.fleet = fleet
-        self.slot = slot
-        self.engine: EngineLike = slot.engine  # type: ignore[assignment]
+        self.model = model
+        assert model.engine is not None  # a lease is taken on a loaded model only
+        self.engine: LoadedEngine = model.engine
         self.keep_alive_s = keep_alive_s  # False: the fleet's default
         self._released = False
 
@@ -146,7 +147,7 @@ class Fleet:
         max_waiting: int = DEFAULT_MAX_WAITING,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.slots: dict[str, ModelSlot] = {s.name: ModelSlot(s) for s in servables}
+        self.models: dict[str, FleetModel] = {s.name: FleetModel(s) for s in servables}
         self.hardware = hardware  # the whole machine, as resolved before anything was loaded
         self.plan_fn = plan_fn
         self.load_fn = load_fn
@@ -163,13 +164,13 @@ class Fleet:
 
     def names(self) -> list[str]:
         self._forget_deleted()
-        return list(self.slots)
+        return list(self.models)
 
-    def slot(self, name: str) -> ModelSlot:
+    def model(self, name: str) -> FleetModel:
         self._forget_deleted()
-        found = self.slots.get(name)
+        found = self.models.get(name)
         if found is None:
-            served = ", ".join(self.slots) or "none"
+            served = ", ".join(self.models) or "none"
             raise ApiError(
                 404,
                 f"The model '{name}' does not exist on this server (it serves: {served}).",
@@ -180,12 +181,12 @@ class Fleet:
 
     def _forget_deleted(self) -> None:
         """A model whose file is gone stays while loaded; unloaded, it leaves the list."""
-        for name, slot in list(self.slots.items()):
-            if slot.status == "unloaded" and not slot.busy and not slot.servable.path.exists():
-                del self.slots[name]
+        for name, model in list(self.models.items()):
+            if model.status == "unloaded" and not model.busy and not model.servable.path.exists():
+                del self.models[name]
 
-    def residents(self) -> list[ModelSlot]:
-        return [s for s in self.slots.values() if s.status == "loaded"]
+    def residents(self) -> list[FleetModel]:
+        return [s for s in self.models.values() if s.status == "loaded"]
 
     # --- leases ----------------------------------------------------------------------
 
@@ -193,88 +194,88 @@ class Fleet:
         """A lease on ``name``'s engine, loading it first when needed (ApiError: 404, 503,
         500 naming the model)."""
         self._start_reaper()
-        slot = self.slot(name)
-        if slot.status != "loaded":
-            waiting = sum(s.waiting for s in self.slots.values())
+        model = self.model(name)
+        if model.status != "loaded":
+            waiting = sum(s.waiting for s in self.models.values())
             if waiting >= self.max_waiting:
                 raise service_unavailable(
                     f"Too many requests are waiting for models to load ({waiting}).",
                     code="load_queue_full",
                     retry_after_s=RETRY_AFTER_S,
                 )
-            slot.waiting += 1
+            model.waiting += 1
             try:
-                while slot.status != "loaded":  # loaded, it may be evicted before we resume
-                    if slot.loading is None:
-                        slot.loading = asyncio.ensure_future(self._load(slot))
-                    await asyncio.shield(slot.loading)
+                while model.status != "loaded":  # loaded, it may be evicted before we resume
+                    if model.loading is None:
+                        model.loading = asyncio.ensure_future(self._load(model))
+                    await asyncio.shield(model.loading)
             finally:
-                slot.waiting -= 1
-        slot.in_flight += 1
-        slot.expires_at = None
-        slot.last_used = self.clock()
-        return Lease(self, slot, keep_alive_s)
+                model.waiting -= 1
+        model.in_flight += 1
+        model.expires_at = None
+        model.last_used = self.clock()
+        return Lease(self, model, keep_alive_s)
 
     def _release(self, lease: Lease) -> None:
-        slot = lease.slot
-        slot.in_flight -= 1
-        slot.last_used = self.clock()
-        if slot.in_flight or slot.engine is not lease.engine:
+        model = lease.model
+        model.in_flight -= 1
+        model.last_used = self.clock()
+        if model.in_flight or model.engine is not lease.engine:
             return
         keep = self.keep_alive_s if lease.keep_alive_s is False else lease.keep_alive_s
-        slot.expires_at = None if keep is None else slot.last_used + float(keep)
+        model.expires_at = None if keep is None else model.last_used + float(keep)
         if keep == 0:
             self._spawn(self._expire())
 
     # --- loading and unloading -------------------------------------------------------
 
-    async def _load(self, slot: ModelSlot) -> None:
+    async def _load(self, model: FleetModel) -> None:
         try:
             async with self._residency():
-                if slot.status == "loaded":
+                if model.status == "loaded":
                     return
-                slot.status = "loading"
+                model.status = "loading"
                 try:
-                    await self._make_room_and_load(slot)
+                    await self._make_room_and_load(model)
                 except BaseException:
-                    slot.status = "unloaded"
+                    model.status = "unloaded"
                     raise
         finally:
-            slot.loading = None
+            model.loading = None
 
-    async def _make_room_and_load(self, slot: ModelSlot) -> None:
-        name = slot.name
-        if not slot.servable.path.is_file():
+    async def _make_room_and_load(self, model: FleetModel) -> None:
+        name = model.name
+        if not model.servable.path.is_file():
             raise ApiError(
                 404, f"The model '{name}' is no longer on disk.", param="model", code="model_gone"
             )
-        others = [s for s in self.residents() if s is not slot]
+        others = [s for s in self.residents() if s is not model]
         busy = [s for s in others if s.busy]
         plans: dict[tuple[int, ...], Plan] = {}  # by budgets: evicting every idle one re-plans none
         try:  # would it fit with every idle model unloaded? If not, unload nothing
-            plan = await self._plan(slot, busy, plans)
+            plan = await self._plan(model, busy, plans)
         except PlanError as exc:
-            raise self._no_room(slot, busy, exc) from None
+            raise self._no_room(model, busy, exc) from None
         idle = sorted((s for s in others if not s.busy), key=lambda s: s.last_used)
         while idle:  # the least recently used idle model goes first, until the plan fits
-            staying = [s for s in self.residents() if s is not slot]
+            staying = [s for s in self.residents() if s is not model]
             try:
-                plan = await self._plan(slot, staying, plans)
+                plan = await self._plan(model, staying, plans)
                 break
             except PlanError as exc:
                 victims = [s for s in idle if s.status == "loaded" and not s.busy]
                 if not victims:
-                    raise self._no_room(slot, [s for s in staying if s.busy], exc) from None
+                    raise self._no_room(model, [s for s in staying if s.busy], exc) from None
                 await self._unload(victims[0], reason=f"to make room for {name}")
                 self.evictions_total[victims[0].name] = (
                     self.evictions_total.get(victims[0].name, 0) + 1
                 )
         started = time.perf_counter()
         try:
-            engine = await anyio.to_thread.run_sync(self.load_fn, slot.servable, plan)
+            engine = await anyio.to_thread.run_sync(self.load_fn, model.servable, plan)
         except OutOfMemoryError as exc:
             log.error("model %s failed to load: %s", name, exc)
-            slot.last_error = str(exc)
+            model.last_error = str(exc)
             raise service_unavailable(
                 f"The model '{name}' does not fit in memory now: {exc}",
                 code="model_out_of_memory",
@@ -282,24 +283,29 @@ class Fleet:
             ) from None
         except (HomelabError, OSError, ValueError, RuntimeError) as exc:
             log.error("model %s failed to load: %s", name, exc)
-            slot.last_error = str(exc)
+            model.last_error = str(exc)
             raise ApiError(
                 500, f"The model '{name}' failed to load: {exc}", code="model_load_failed"
             ) from None
-        slot.load_s = time.perf_counter() - started
-        slot.engine, slot.plan, slot.status = engine, plan, "loaded"
-        slot.actual_bytes = actual_device_bytes(engine, [d.name for d in self.hardware.devices])
-        slot.loaded_at = self.clock()
-        slot.last_used = slot.loaded_at
-        slot.last_error = None
-        slot.expires_at = None if self.keep_alive_s is None else slot.loaded_at + self.keep_alive_s
+        model.load_s = time.perf_counter() - started
+        model.engine, model.plan, model.status = engine, plan, "loaded"
+        model.actual_bytes = actual_device_bytes(engine, [d.name for d in self.hardware.devices])
+        model.loaded_at = self.clock()
+        model.last_used = model.loaded_at
+        model.last_error = None
+        model.expires_at = (
+            None if self.keep_alive_s is None else model.loaded_at + self.keep_alive_s
+        )
         self.loads_total[name] = self.loads_total.get(name, 0) + 1
         log.info(
-            "model loaded: %s in %.2f s (planned %d bytes)", name, slot.load_s, planned_bytes(slot)
+            "model loaded: %s in %.2f s (planned %d bytes)",
+            name,
+            model.load_s,
+            planned_bytes(model),
         )
 
     async def _plan(
-        self, slot: ModelSlot, staying: Sequence[ModelSlot], plans: dict[tuple[int, ...], Plan]
+        self, model: FleetModel, staying: Sequence[FleetModel], plans: dict[tuple[int, ...], Plan]
     ) -> Plan:
         """The plan for the budgets ``staying`` leave (PlanError: it does not fit them)."""
         hardware = self.hardware_left(staying)
@@ -307,37 +313,37 @@ class Fleet:
         if budgets in plans:
             return plans[budgets]
         try:
-            plans[budgets] = await anyio.to_thread.run_sync(self.plan_fn, slot.servable, hardware)
+            plans[budgets] = await anyio.to_thread.run_sync(self.plan_fn, model.servable, hardware)
             return plans[budgets]
         except PlanError:
             raise
         except (HomelabError, OSError, ValueError) as exc:  # a bad file: nothing to plan
-            log.error("model %s cannot be planned: %s", slot.name, exc)
-            slot.last_error = str(exc)
+            log.error("model %s cannot be planned: %s", model.name, exc)
+            model.last_error = str(exc)
             raise ApiError(
-                500, f"The model '{slot.name}' failed to load: {exc}", code="model_load_failed"
+                500, f"The model '{model.name}' failed to load: {exc}", code="model_load_failed"
             ) from None
 
-    def _no_room(self, slot: ModelSlot, busy: Sequence[ModelSlot], exc: PlanError) -> ApiError:
+    def _no_room(self, model: FleetModel, busy: Sequence[FleetModel], exc: PlanError) -> ApiError:
         if not busy:  # nothing loaded stands in the way: it cannot fit this machine at all
             return ApiError(
                 500,
-                f"The model '{slot.name}' does not fit this machine: {exc.message}",
+                f"The model '{model.name}' does not fit this machine: {exc.message}",
                 code="model_does_not_fit",
             )
         names = ", ".join(s.name for s in busy)
         return service_unavailable(
-            f"The model '{slot.name}' does not fit beside the models serving requests now "
+            f"The model '{model.name}' does not fit beside the models serving requests now "
             f"({names}); retry when they are idle.",
             code="model_memory_busy",
             retry_after_s=RETRY_AFTER_S,
         )
 
-    def hardware_left(self, staying: Sequence[ModelSlot]) -> Hardware:
+    def hardware_left(self, staying: Sequence[FleetModel]) -> Hardware:
         """The machine's budgets less what ``staying`` take on each device."""
         taken: dict[str, int] = {}
-        for slot in staying:
-            for device_name, n_bytes in slot.device_bytes().items():
+        for model in staying:
+            for device_name, n_bytes in model.device_bytes().items():
                 taken[device_name] = taken.get(device_name, 0) + n_bytes
         devices = []
         for device in self.hardware.devices:
@@ -351,33 +357,33 @@ class Fleet:
             devices.append(device)
         return replace(self.hardware, devices=tuple(devices))
 
-    async def _unload(self, slot: ModelSlot, reason: str) -> None:
-        engine = slot.engine
-        slot.engine, slot.status, slot.expires_at = None, "unloaded", None
-        slot.plan, slot.actual_bytes = None, {}
-        log.info("model unloaded: %s (%s)", slot.name, reason)
-        if engine is not None and hasattr(engine, "close"):
+    async def _unload(self, model: FleetModel, reason: str) -> None:
+        engine = model.engine
+        model.engine, model.status, model.expires_at = None, "unloaded", None
+        model.plan, model.actual_bytes = None, {}
+        log.info("model unloaded: %s (%s)", model.name, reason)
+        if engine is not None:
             await anyio.to_thread.run_sync(engine.close)
 
-    async def load(self, name: str) -> ModelSlot:
+    async def load(self, name: str) -> FleetModel:
         """Load ``name`` now (the admin route); it then stays for its keep-alive."""
         lease = await self.acquire(name)
         lease.release()
-        return lease.slot
+        return lease.model
 
     async def unload(self, name: str) -> bool:
         """Unload ``name`` now (the admin route); ApiError 409 while it serves requests."""
-        slot = self.slot(name)
+        model = self.model(name)
         async with self._residency():
-            if slot.status != "loaded":
+            if model.status != "loaded":
                 return False
-            if slot.busy:
+            if model.busy:
                 raise ApiError(
                     409,
-                    f"The model '{name}' is serving {slot.in_flight} request(s); not unloaded.",
+                    f"The model '{name}' is serving {model.in_flight} request(s); not unloaded.",
                     code="model_busy",
                 )
-            await self._unload(slot, reason="asked to")
+            await self._unload(model, reason="asked to")
         self._forget_deleted()
         return True
 
@@ -391,10 +397,10 @@ class Fleet:
         if not due:
             return
         async with self._residency():
-            for slot in due:
-                expired = slot.expires_at is not None and slot.expires_at <= self.clock()
-                if slot.status == "loaded" and not slot.busy and expired:
-                    await self._unload(slot, reason="keep-alive expired")
+            for model in due:
+                expired = model.expires_at is not None and model.expires_at <= self.clock()
+                if model.status == "loaded" and not model.busy and expired:
+                    await self._unload(model, reason="keep-alive expired")
         self._forget_deleted()
 
     # --- background ------------------------------------------------------------------
@@ -423,9 +429,9 @@ class Fleet:
     def close(self) -> None:
         """Close every engine (the server has stopped)."""
         self._closed = True
-        for slot in self.slots.values():
-            engine, slot.engine, slot.status = slot.engine, None, "unloaded"
-            if engine is not None and hasattr(engine, "close"):
+        for model in self.models.values():
+            engine, model.engine, model.status = model.engine, None, "unloaded"
+            if engine is not None:
                 engine.close()
 
     # --- reports ---------------------------------------------------------------------
@@ -434,48 +440,45 @@ class Fleet:
         """What ``homelab ps`` and the admin route show, one entry per servable model."""
         now = self.clock()
         self._forget_deleted()
-        return [self._describe(slot, now) for slot in self.slots.values()]
+        return [self._describe(model, now) for model in self.models.values()]
 
-    def _describe(self, slot: ModelSlot, now: float) -> dict[str, Any]:
-        engine = slot.engine
+    def _describe(self, model: FleetModel, now: float) -> dict[str, Any]:
+        engine = model.engine
         snapshot = engine.metrics() if engine is not None else None
-        loaded = slot.status == "loaded"
+        loaded = model.status == "loaded"
         return {
-            "model": slot.name,
-            "status": slot.status,
-            "path": str(slot.servable.path),
-            "on_disk": slot.servable.path.exists(),
-            "planned_bytes": planned_bytes(slot) if loaded else None,
-            "actual_bytes": sum(slot.actual_bytes.values()) if loaded else None,
-            "devices": slot.device_bytes() if loaded else {},
-            "n_ctx_per_slot": slot.plan.settings.n_ctx_per_slot if slot.plan else None,
+            "model": model.name,
+            "status": model.status,
+            "path": str(model.servable.path),
+            "on_disk": model.servable.path.exists(),
+            "planned_bytes": planned_bytes(model) if loaded else None,
+            "actual_bytes": sum(model.actual_bytes.values()) if loaded else None,
+            "devices": model.device_bytes() if loaded else {},
+            "n_ctx_per_slot": model.plan.settings.n_ctx_per_slot if model.plan else None,
             "slots_busy": snapshot.active_slots if snapshot else 0,
             "slots_total": snapshot.n_slots if snapshot else 0,
-            "requests_in_flight": slot.in_flight,
-            "idle_s": round(now - slot.last_used, 3) if loaded and not slot.busy else 0.0,
+            "requests_in_flight": model.in_flight,
+            "idle_s": round(now - model.last_used, 3) if loaded and not model.busy else 0.0,
             "expires_in_s": (
-                round(max(slot.expires_at - now, 0.0), 3)
-                if loaded and slot.expires_at is not None and not slot.busy
+                round(max(model.expires_at - now, 0.0), 3)
+                if loaded and model.expires_at is not None and not model.busy
                 else None
             ),
-            "load_s": round(slot.load_s, 3) if loaded else None,
-            "loads": self.loads_total.get(slot.name, 0),
-            "evictions": self.evictions_total.get(slot.name, 0),
-            "last_error": slot.last_error,
+            "load_s": round(model.load_s, 3) if loaded else None,
+            "loads": self.loads_total.get(model.name, 0),
+            "evictions": self.evictions_total.get(model.name, 0),
+            "last_error": model.last_error,
         }
 
 
-def planned_bytes(slot: ModelSlot) -> int:
-    return slot.plan.memory.total_bytes if slot.plan is not None else 0
+def planned_bytes(model: FleetModel) -> int:
+    return model.plan.memory.total_bytes if model.plan is not None else 0
 
 
-def actual_device_bytes(engine: Any, device_names: Sequence[str]) -> dict[str, int]:
+def actual_device_bytes(engine: LoadedEngine, device_names: Sequence[str]) -> dict[str, int]:
     """What llama.cpp allocated, per planner device: buffer names such as ``CPU_Mapped`` or
     ``CUDA0`` are counted for the device whose name they start with (the longest match)."""
-    report = getattr(engine, "load_report", None)
-    buffers = getattr(report, "buffers", None)
-    if buffers is None:
-        return {}
+    buffers = engine.load_report.buffers
     totals: dict[str, int] = {}
     by_length = sorted(device_names, key=len, reverse=True)
     for kind in (buffers.model, buffers.kv, buffers.recurrent, buffers.compute, buffers.output):

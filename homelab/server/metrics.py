@@ -203,30 +203,30 @@ def render_fleet(server: ServerMetrics, fleet: Any) -> str:
         out.raw(f"homelab_http_responses_total{{{rendered}}} {count}")
     families: dict[str, list[str]] = {}
     samples: dict[str, list[str]] = {}
-    for slot in list(fleet.slots.values()):
-        engine = slot.engine
-        block = _Exposition(slot.name)
-        slot.metrics._render_server(block)
+    for model in list(fleet.models.values()):
+        engine = model.engine
+        block = _Exposition(model.name)
+        model.metrics._render_server(block)
         if engine is not None:
             _render_engine(block, engine.metrics())
         block.gauge("homelab_model_loaded", "1 when the model is loaded", int(engine is not None))
-        planned = slot.plan.memory.total_bytes if slot.plan is not None else 0
+        planned = model.plan.memory.total_bytes if model.plan is not None else 0
         block.gauge("homelab_model_planned_bytes", "memory the plan gives the model", planned)
         block.gauge(
             "homelab_model_actual_bytes",
             "memory llama.cpp allocated",
-            sum(slot.actual_bytes.values()),
+            sum(model.actual_bytes.values()),
         )
         block.gauge(
-            "homelab_model_requests_in_flight", "requests holding the model", slot.in_flight
+            "homelab_model_requests_in_flight", "requests holding the model", model.in_flight
         )
         block.counter(
-            "homelab_model_loads_total", "loads of the model", fleet.loads_total.get(slot.name, 0)
+            "homelab_model_loads_total", "loads of the model", fleet.loads_total.get(model.name, 0)
         )
         block.counter(
             "homelab_model_evictions_total",
             "unloads to make room for another model",
-            fleet.evictions_total.get(slot.name, 0),
+            fleet.evictions_total.get(model.name, 0),
         )
         _merge(block.text(), families, samples, skip="homelab_http_responses_total")
     for name, header in families.items():

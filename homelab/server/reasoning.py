@@ -15,7 +15,8 @@ Two formats are recognised from the chat template:
     handed on as a ``<tool_call>`` block so the one tool-call parser reads it.
 
 A splitter is fed text as it arrives, in chunks of any size (a tag may be split across
-chunks), and returns :class:`ReasoningDelta` and :class:`~homelab.server.tools.ContentDelta`
+chunks), and returns :class:`~homelab.server.pieces.ReasoningDelta` and
+:class:`~homelab.server.pieces.ContentDelta`
 pieces; it holds back only what could still become a tag (and whitespace at the edges of
 the reasoning, which is trimmed). :func:`thinking_switches` turns the request's knobs
 (``enable_thinking``, ``reasoning_effort``) into template variables the template reads.
@@ -29,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from homelab.server.tools import ContentDelta
+from homelab.server.pieces import ContentDelta, ReasoningDelta
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 H_START, H_CHANNEL, H_MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
@@ -43,11 +44,6 @@ THOUGHT_RULE = "homelab-thought"
 ANSWER_RULE = "homelab-answer"
 
 Style = Literal["think", "harmony"]
-
-
-@dataclass(frozen=True)
-class ReasoningDelta:
-    text: str
 
 
 Part = ReasoningDelta | ContentDelta

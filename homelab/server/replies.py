@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from homelab.engine.api import FinishEvent, TokenEvent
-from homelab.engine.chat import ToolCall
-from homelab.server.reasoning import Part, ReasoningDelta, ReasoningFormat, detect_reasoning
-from homelab.server.serving import ChoiceState, EngineLike, HandleLike
-from homelab.server.tools import ContentDelta, Piece, ToolCallStream
+from homelab.server.engine_seam import EngineLike, HandleLike, TemplateLike
+from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.reasoning import Part, ReasoningFormat, detect_reasoning
+from homelab.server.serving import ChoiceState
+from homelab.server.tools import ToolCallStream
 
-ReplyPiece = ReasoningDelta | Piece  # ReasoningDelta | ContentDelta | ToolCall
 SPLIT_FORMATS = ("auto", "deepseek")  # "none": reasoning stays in the content
 
 
@@ -37,12 +36,12 @@ def marker_ids(engine: EngineLike, markers: Sequence[str]) -> dict[int, str]:
 
 
 def split_format(
-    template: Any, server_default: str, requested: str | None = None
+    template: TemplateLike, server_default: str, requested: str | None = None
 ) -> ReasoningFormat | None:
     """The reasoning format to split replies by (None: leave everything in the content)."""
     if (requested or server_default) not in SPLIT_FORMATS:
         return None
-    return detect_reasoning(getattr(template, "source", None))
+    return detect_reasoning(template.source)
 
 
 class StopSequences:

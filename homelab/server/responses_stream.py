@@ -21,19 +21,17 @@ function_call item with its arguments in one delta. An error after the stream st
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from homelab.engine.chat import ToolCall
+from homelab.server.engine_seam import HandleLike
 from homelab.server.errors import api_error_from
-from homelab.server.reasoning import ReasoningDelta
-from homelab.server.replies import ParsedChoice, ReplyPiece
-from homelab.server.responses import (
-    Prepared,
+from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.replies import ParsedChoice
+from homelab.server.responses_output import (
+    ResponseEcho,
     call_item,
     message_item,
-    new_id,
     output_status,
     reasoning_item,
     reasoning_part,
@@ -41,18 +39,18 @@ from homelab.server.responses import (
     text_part,
 )
 from homelab.server.serving import (
-    HandleLike,
     RequestContext,
     cancel_all,
     check_finish,
     merged_events,
+    new_id,
     record,
 )
-from homelab.server.tools import ContentDelta
+from homelab.server.streaming import sse_event
 
 TEXT_KINDS = {  # item type -> (id prefix, delta event, done event)
-    "message": ("msg", "response.output_text.delta", "response.output_text.done"),
-    "reasoning": ("rs", "response.reasoning_text.delta", "response.reasoning_text.done"),
+    "message": ("msg_", "response.output_text.delta", "response.output_text.done"),
+    "reasoning": ("rs_", "response.reasoning_text.delta", "response.reasoning_text.done"),
 }
 
 
@@ -67,8 +65,7 @@ class _Events:
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+        return sse_event(payload, kind)
 
     # --- text items (message, reasoning) ----------------------------------------------------
 
@@ -125,7 +122,7 @@ class _Events:
 
     def call(self, call: ToolCall) -> list[bytes]:
         chunks = self.close_open()
-        item_id = new_id("fc")
+        item_id = new_id("fc_")
         index = len(self.items)
         done = call_item(item_id, call)
         self.items.append(done)
@@ -169,7 +166,7 @@ class _Events:
 
 async def response_events(
     ctx: RequestContext,
-    prepared: Prepared,
+    echo: ResponseEcho,
     handles: Sequence[HandleLike],
     states: Sequence[ParsedChoice],
 ) -> AsyncIterator[bytes]:
@@ -177,7 +174,7 @@ async def response_events(
     state = states[0]
     completed = False
     try:
-        started = response_object(ctx, prepared, "in_progress", [])
+        started = response_object(ctx, echo, "in_progress", [])
         yield events.event("response.created", response=started)
         yield events.event("response.in_progress", response=started)
         async for _, event in merged_events(handles):
@@ -188,7 +185,7 @@ async def response_events(
         for chunk in events.finish():
             yield chunk
         status = output_status(finish.reason, events.items)
-        final = response_object(ctx, prepared, status, events.items, state)
+        final = response_object(ctx, echo, status, events.items, state)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         completed = True
         yield events.event(kind, response=final)
@@ -198,7 +195,7 @@ async def response_events(
         code = error.code or error.type
         yield events.event("error", code=code, message=error.message, param=error.param)
         failed = response_object(
-            ctx, prepared, "failed", events.items, error={"code": code, "message": error.message}
+            ctx, echo, "failed", events.items, error={"code": code, "message": error.message}
         )
         yield events.event("response.failed", response=failed)
     finally:

@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from homelab.errors import EngineError
 from homelab.server.app import EngineProvider, RequestSubscriber, create_app, server_state
 from homelab.server.config import ServerConfig
+from homelab.server.engine_seam import EngineLike
 from homelab.server.fleet import Fleet
-from homelab.server.serving import EngineLike
 
 STARTUP_TIMEOUT_S = 15.0
 

@@ -15,31 +15,29 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import anyio.to_thread
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from homelab.engine.api import (
-    EngineMetrics,
     FinishEvent,
     GenerationRequest,
     RequestStats,
     SamplingParams,
-    TokenEvent,
     TokenLogprob,
 )
-from homelab.errors import BusyError, ContextLengthError, EngineError
-from homelab.gguf.model import ModelInfo
+from homelab.errors import BusyError, ContextLengthError, EngineClosedError, EngineError
 from homelab.server.auth import Tenant
 from homelab.server.config import ServerConfig
+from homelab.server.engine_seam import EngineLike, Event, HandleLike
 from homelab.server.errors import (
     ApiError,
     context_length_exceeded,
     invalid_request,
     prompt_too_long,
-    service_unavailable,
 )
 from homelab.server.metrics import ServerMetrics
 from homelab.server.protocol import _SamplingRequest
@@ -47,34 +45,15 @@ from homelab.server.streaming import wait_for_disconnect
 
 log = logging.getLogger("homelab.server")
 
-Event = TokenEvent | FinishEvent
 SEED_MODULUS = 2**32
 INLINE_CHARS = 8192  # shorter texts are tokenized / rendered on the event loop (microseconds)
+CLIENT_GONE_STATUS = 499  # nobody reads it: the client disconnected before the answer
 
 
-class HandleLike(Protocol):
-    def events(self, *, wake_at_finish: bool = False) -> AsyncIterator[Event]: ...
-    def cancel(self) -> None: ...
-
-
-class EngineLike(Protocol):
-    """The part of :class:`homelab.engine.engine.Engine` the server uses."""
-
-    @property
-    def model_info(self) -> ModelInfo: ...
-    @property
-    def n_ctx_per_slot(self) -> int: ...
-    @property
-    def chat_template(self) -> Any: ...
-    @property
-    def longest_token_bytes(self) -> int | None: ...
-    def submit(self, request: GenerationRequest) -> Any: ...
-    def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> Sequence[int]: ...
-    def tokenize_within(
-        self, text: str, limit: int, add_bos: bool = True, special: bool = True
-    ) -> Sequence[int]: ...
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str: ...
-    def metrics(self) -> EngineMetrics: ...
+def new_id(prefix: str) -> str:
+    """The one id scheme: ``prefix`` (with its separator, as each dialect spells its ids:
+    ``chatcmpl-``, ``msg_``, ``resp_``…) and 24 random hex digits."""
+    return f"{prefix}{secrets.token_hex(12)}"
 
 
 @dataclass
@@ -91,7 +70,8 @@ class RequestContext:
     created: int = field(default_factory=lambda: int(time.time()))
 
     def new_id(self, prefix: str) -> str:
-        self.request_id = f"{prefix}-{secrets.token_hex(12)}"
+        """This request's id (see :func:`new_id`)."""
+        self.request_id = new_id(prefix)
         return self.request_id
 
 
@@ -183,30 +163,63 @@ def max_tokens_for(
     return requested if requested is not None else min(default, room)
 
 
+@dataclass(frozen=True)
+class SamplingKnobs:
+    """A request's sampling choices in any dialect (None: the engine's default)."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    logit_bias: Mapping[str, float] | None = None
+    stop: tuple[str, ...] = ()  # matched by the engine, never emitted
+    logprobs: int | None = None  # None: off; N: the chosen token's and the top N
+
+    @classmethod
+    def of(cls, req: _SamplingRequest, logprobs: int | None = None) -> SamplingKnobs:
+        """Chat and text completions' knobs (``logprobs`` as each of them spells it)."""
+        return cls(
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            seed=req.seed,
+            logit_bias=req.logit_bias,
+            stop=req.stop_strings(),
+            logprobs=logprobs,
+        )
+
+
 def sampling_params(
-    req: _SamplingRequest,
+    knobs: SamplingKnobs,
     *,
     max_tokens: int,
     n_vocab: int,
-    logprobs: int | None,
     grammar: str | None,
     choice_index: int,
 ) -> SamplingParams:
     defaults = SamplingParams()
-    seed = None if req.seed is None else (req.seed + choice_index) % SEED_MODULUS
+    seed = None if knobs.seed is None else (knobs.seed + choice_index) % SEED_MODULUS
     return SamplingParams(
-        temperature=defaults.temperature if req.temperature is None else req.temperature,
-        top_k=defaults.top_k if req.top_k is None else req.top_k,
-        top_p=defaults.top_p if req.top_p is None else req.top_p,
-        min_p=defaults.min_p if req.min_p is None else req.min_p,
-        repeat_penalty=req.repetition_penalty or defaults.repeat_penalty,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
+        temperature=defaults.temperature if knobs.temperature is None else knobs.temperature,
+        top_k=defaults.top_k if knobs.top_k is None else knobs.top_k,
+        top_p=defaults.top_p if knobs.top_p is None else knobs.top_p,
+        min_p=defaults.min_p if knobs.min_p is None else knobs.min_p,
+        repeat_penalty=knobs.repetition_penalty or defaults.repeat_penalty,
+        presence_penalty=knobs.presence_penalty or 0.0,
+        frequency_penalty=knobs.frequency_penalty or 0.0,
         seed=seed,
-        logit_bias=logit_bias_ids(req.logit_bias, n_vocab),
+        logit_bias=logit_bias_ids(knobs.logit_bias, n_vocab),
         max_tokens=max_tokens,
-        stop=req.stop_strings(),
-        logprobs=logprobs,
+        stop=knobs.stop,
+        logprobs=knobs.logprobs,
         grammar=grammar,
     )
 
@@ -270,14 +283,13 @@ def submit_choices(
 
 def _submit(engine: EngineLike, request: GenerationRequest) -> HandleLike:
     """Submit; the engine's synchronous refusals are about this request (400), except
-    context (400 with its code), a full queue (503) and a closing engine (503)."""
+    context (400 with its code), a full queue (503) and a closed engine (503), which
+    :func:`~homelab.server.errors.api_error_from` maps."""
     try:
-        return engine.submit(request)  # type: ignore[no-any-return]
-    except (ContextLengthError, BusyError):
+        return engine.submit(request)
+    except (ContextLengthError, BusyError, EngineClosedError):
         raise
     except EngineError as exc:
-        if "closed" in str(exc):
-            raise service_unavailable("The server is shutting down.", code="shutting_down") from exc
         raise invalid_request(f"The request cannot be served: {exc}") from exc
 
 
@@ -338,6 +350,21 @@ async def collect(
 async def _cancel_when_client_leaves(http: Request, scope: anyio.CancelScope) -> None:
     await wait_for_disconnect(http.receive)
     scope.cancel()
+
+
+async def respond(
+    ctx: RequestContext,
+    handles: Sequence[HandleLike],
+    states: Sequence[ChoiceState],
+    body: Callable[[], Mapping[str, Any]],
+) -> Response:
+    """A whole (non-streamed) response: every choice collected, recorded, then ``body()``;
+    the client-gone status when the client left first (everything cancelled)."""
+    if not await collect(ctx, handles, states):
+        record(ctx, states, cancelled=True)
+        return Response(status_code=CLIENT_GONE_STATUS)
+    record(ctx, states)
+    return JSONResponse(body())
 
 
 def check_finish(finish: FinishEvent | None) -> FinishEvent:

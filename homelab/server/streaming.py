@@ -1,4 +1,5 @@
-"""Server-sent events: framing, and a response that stops generating when the client leaves.
+"""Server-sent events: the one framing (:func:`sse_event`), and a response that stops
+generating when the client leaves.
 
 :class:`EventStreamResponse` sends the events of an async iterator while watching for the
 client's disconnect; on disconnect it cancels the iteration, and the iterator's ``finally``
@@ -25,12 +26,13 @@ MIN_RECEIVE_PAUSE_S = 0.01  # see wait_for_disconnect
 MAX_RECEIVE_PAUSE_S = 0.5
 
 
-def sse_event(payload: Mapping[str, Any]) -> bytes:
-    return (
-        b"data: "
-        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
-        + b"\n\n"
-    )
+def sse_event(payload: Mapping[str, Any], name: str | None = None) -> bytes:
+    """One server-sent event: ``data:`` with the compact JSON of ``payload``, after an
+    ``event: name`` line when the dialect names its events (Anthropic, Responses)."""
+    data = b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    if name is None:
+        return data + b"\n\n"
+    return b"event: " + name.encode() + b"\n" + data + b"\n\n"
 
 
 def sse_error(error: ApiError) -> bytes:

@@ -5,5 +5,6 @@ controller per panel — hardware, plan, live, chat, server, picker — owning i
 workers), ``messages.py`` (every message), ``screens/`` (dashboard, model picker, help, error
 modal), ``widgets/`` (one module per dashboard region), ``app.tcss`` (the one stylesheet).
 ``services.py``, ``protocols.py`` (what the TUI uses of the core, as Protocols) and
-``live.py`` are Textual-free, so the UI code only ever renders the core's results.
+``handoff.py`` (values handed from worker threads to the UI loop) are Textual-free, so the UI
+code only ever renders the core's results.
 """

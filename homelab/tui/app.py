@@ -57,7 +57,7 @@ from homelab.tui.screens.help import HelpScreen
 from homelab.tui.services import ModelChoice
 
 if TYPE_CHECKING:
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
 
 HARDWARE_REFRESH_S = 1.0
 CHAT_FLUSH_S = 0.1  # streamed text reaches the screen at 10 Hz, however fast tokens come

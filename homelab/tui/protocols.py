@@ -7,7 +7,7 @@ The other core values the TUI shows (``Plan``, ``LoadReport``, ``EngineMetrics``
 ``RequestRecord``) are plain frozen records and are used as they are.
 
 The engine the dashboard loads is also the one it serves, so :class:`DashboardEngine` extends
-the server's own :class:`~homelab.server.serving.EngineLike`.
+the server's own :class:`~homelab.server.engine_seam.EngineLike`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from homelab.server.serving import EngineLike
+from homelab.server.engine_seam import EngineLike, HandleLike
 
 if TYPE_CHECKING:
     from homelab.engine.api import EngineMetrics, FinishEvent, GenerationRequest, TokenEvent
@@ -24,12 +24,11 @@ if TYPE_CHECKING:
     from homelab.settings import Settings
 
 
-class AnswerStream(Protocol):
-    """A submitted generation, read in a worker thread: token events, then one finish."""
+class AnswerStream(HandleLike, Protocol):
+    """A submitted generation, read in a worker thread: token events, then one finish (or
+    by the server, in asyncio: :class:`~homelab.server.engine_seam.HandleLike`)."""
 
     def __iter__(self) -> Iterator[TokenEvent | FinishEvent]: ...
-
-    def cancel(self) -> None: ...
 
 
 class DashboardEngine(EngineLike, Protocol):

@@ -23,7 +23,7 @@ from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.loader import LoadReport
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.hardware.report import HardwareReport
     from homelab.hub.library import LocalModel
     from homelab.models.ref import ModelRef
@@ -395,9 +395,10 @@ def submit_chat(
 
 
 def _chat_prompt(engine: DashboardEngine, turns: list[dict[str, str]]) -> str:
-    if engine.chat_template is None:
+    template = engine.chat_template
+    if template is None:
         return turns[-1]["content"]
-    return str(engine.render_chat(turns))
+    return template.render(turns, add_generation_prompt=True)
 
 
 # --- serving ---------------------------------------------------------------------------------

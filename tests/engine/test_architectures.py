@@ -7,7 +7,7 @@ from engine_helpers import EngineFactory
 from test_batching import assert_same_greedy
 
 from homelab.engine.api import GenerationRequest, SamplingParams
-from homelab.gguf.demo import ARCHS
+from homelab.gguf.generator import ARCHS
 
 PROMPTS = ("hello world", "the model reads the cache", "one two three four")
 

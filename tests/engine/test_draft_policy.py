@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from homelab.engine.draft_policy import (
+from homelab.engine.speculation.policy import (
     EXPLORE_SHARE,
     MAX_WAIT_BLOCKS,
     Acceptance,

@@ -20,11 +20,12 @@ import numpy as np
 import pytest
 from engine_helpers import tiny_settings
 
-from homelab.engine.acceptance import accept_or_resample
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
 from homelab.engine.engine import Engine
 from homelab.engine.scheduler import Completion, RequestHandle
-from homelab.engine.speculation import NgramDrafter, SpeculationConfig, SpeculationError
+from homelab.engine.speculation import SpeculationConfig, SpeculationError
+from homelab.engine.speculation.acceptance import accept_or_resample
+from homelab.engine.speculation.lookup import NgramDrafter
 
 # Greedy decoding with speculation verifies a draft in one batch; on a CPU a batch's float
 # sums differ from a single token's by ~1e-3 in the logits, so where the two best tokens are

@@ -11,7 +11,8 @@ import llama_cpp  # its high-level API, as an independent judge of the generated
 import pytest
 
 from homelab.gguf import vocab
-from homelab.gguf.demo import ARCHS, demo_model_path, write_f16_model
+from homelab.gguf.demo import demo_model_path
+from homelab.gguf.generator import ARCHS, write_f16_model
 
 VARIANTS = [(arch, "F16") for arch in ARCHS] + [("llama", q) for q in ("Q8_0", "Q4_0", "Q4_K_M")]
 VARIANT_IDS = [f"{arch}-{quant}" for arch, quant in VARIANTS]

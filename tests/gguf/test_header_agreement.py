@@ -12,7 +12,8 @@ import gguf
 import llama_cpp  # its high-level API, as an independent judge of the split set
 import pytest
 
-from homelab.gguf.demo import ARCHS, demo_model_path, write_f16_model
+from homelab.gguf.demo import demo_model_path
+from homelab.gguf.generator import ARCHS, write_f16_model
 from homelab.gguf.header import ArraySummary, RawHeader, parse_header
 from homelab.gguf.reader import read_model
 

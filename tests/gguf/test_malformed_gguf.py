@@ -20,7 +20,8 @@ import psutil
 import pytest
 
 from homelab.errors import ModelFileError
-from homelab.gguf.demo import demo_model_path, write_f16_model
+from homelab.gguf.demo import demo_model_path
+from homelab.gguf.generator import write_f16_model
 from homelab.gguf.header import MAX_ARRAY_ITEMS, MAX_STRING_BYTES
 from homelab.gguf.reader import read_model
 

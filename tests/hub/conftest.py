@@ -25,17 +25,17 @@ def quant_files(demo_model: Callable[..., Path]) -> dict[str, Path]:
 def split_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The tiny demo llama as a two-part Q8_0 split set: written in F16 parts with the gguf
     package (as gguf-split would), then quantized by llama.cpp keeping the split."""
-    from homelab.gguf import demo
+    from homelab.gguf import generator
     from homelab.llamacpp.quantize import quantize_gguf
 
     folder = tmp_path_factory.mktemp("split")
-    spec = demo.spec_for("llama", "tiny")
-    tensors = list(demo._tensors(spec, seed=0))
+    spec = generator.spec_for("llama", "tiny")
+    tensors = list(generator.random_tensors(spec, seed=0))
     writer = gguf.GGUFWriter(
         folder / "TinyLlama-F16.gguf", spec.arch, split_max_tensors=len(tensors) // 2 + 1
     )
-    demo._write_hparams(writer, spec, "homelab-demo-llama-tiny")
-    demo._write_tokenizer(writer, spec.n_vocab)
+    generator.write_hparams(writer, spec, "homelab-demo-llama-tiny")
+    generator.write_tokenizer(writer, spec.n_vocab)
     for name, data in tensors:
         writer.add_tensor(name, data)
     writer.write_header_to_file()

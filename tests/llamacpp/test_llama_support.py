@@ -12,7 +12,8 @@ import pytest
 
 from homelab.errors import EngineError, ModelFileError
 from homelab.llamacpp._lib import lib
-from homelab.llamacpp.backend import build_facts, cpu_buffer_type, devices
+from homelab.llamacpp.backend import build_facts
+from homelab.llamacpp.devices import cpu_buffer_type, devices
 from homelab.llamacpp.ggml_types import GGML_TYPE_IDS, ggml_type_id
 from homelab.llamacpp.grammar import json_schema_to_gbnf
 from homelab.llamacpp.log import capture_log, joined, problem_lines

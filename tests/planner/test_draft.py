@@ -18,7 +18,7 @@ import pytest
 from planner_helpers import cpu_hardware, profile_hardware
 
 from homelab.cli import main
-from homelab.engine.draft_model import DraftModel
+from homelab.engine.speculation.draft_model import DraftModel
 from homelab.errors import PlanError
 from homelab.gguf.demo import demo_model_path
 from homelab.gguf.model import ModelInfo

@@ -11,7 +11,7 @@ converter.) The real engine still answers the table's live subset
 from the contract unnoticed.
 
 It keeps the engine's contract where the server can see it (``EngineLike`` in
-homelab/server/serving.py): the demo model's vocabulary size and real chat template (the same
+homelab/server/engine_seam.py): the demo model's vocabulary size and real chat template (the same
 ``ChatTemplate`` class the engine uses), a byte-level tokenizer (one token per UTF-8 byte,
 after BOS) with the engine's own bounded ``tokenize_within``, and handles that yield
 ``TokenEvent`` items and then exactly one ``FinishEvent``.
@@ -83,6 +83,8 @@ class FakeEngine:
         self.n_ctx_per_slot = n_ctx_per_slot
         self.chat_template = ChatTemplate(CHAT_TEMPLATE, "<s>", "</s>")
         self.longest_token_bytes = 1
+        self.failure: str | None = None
+        self.embedder = None  # no embeddings: /v1/embeddings answers 400
         self.submitted: list[GenerationRequest] = []
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
@@ -99,6 +101,10 @@ class FakeEngine:
             add_bos=add_bos,
             longest_token_bytes=lambda: self.longest_token_bytes,
         )
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        body = bytes(i - FIRST_BYTE_ID for i in ids if FIRST_BYTE_ID <= i < FIRST_BYTE_ID + 256)
+        return body.decode(errors="replace")
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]], tools: Any = None) -> str:
         return self.chat_template.render(messages, tools=tools, add_generation_prompt=True)

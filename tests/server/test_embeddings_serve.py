@@ -19,12 +19,12 @@ import openai
 from homelab.engine.embeddings import EmbeddingModelEngine, EmbeddingOptions
 from homelab.engine.engine import Engine
 from homelab.gguf.reader import read_model
+from homelab.models.embeddings import load_serving_engine, planning_hardware
 from homelab.models.launch import plan_file
 from homelab.models.ref import resolve
 from homelab.planner.budget import resolve_hardware
 from homelab.planner.embeddings import embedding_memory
 from homelab.planner.search import PlanRequest
-from homelab.server.embeddings_setup import load_serving_engine, planning_hardware
 
 
 def test_an_embedding_model_is_served_alone() -> None:

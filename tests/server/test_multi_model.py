@@ -429,7 +429,7 @@ def test_requests_waiting_for_loads_are_bounded(start: Callable[..., ServerHandl
     for thread in waiting:
         thread.start()
     with httpx.Client(base_url=handle.url, timeout=120) as http:
-        wait_for(lambda: fleet.slots[a].waiting == 2)
+        wait_for(lambda: fleet.models[a].waiting == 2)
         assert ps(http)[a]["status"] == "loading"
         refused = chat(http, a)
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "load_queue_full"

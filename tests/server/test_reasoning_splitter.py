@@ -10,9 +10,9 @@ from collections.abc import Iterable
 import pytest
 
 from homelab.engine.api import TokenEvent
-from homelab.engine.chat import ToolCall
 from homelab.engine.grammar import check_grammar
 from homelab.gguf.vocab import CHAT_TEMPLATE, REASONING_CHAT_TEMPLATE
+from homelab.server.pieces import ContentDelta, ToolCall
 from homelab.server.reasoning import (
     HarmonySplitter,
     Part,
@@ -26,7 +26,6 @@ from homelab.server.reasoning import (
     thinking_switches,
 )
 from homelab.server.replies import ReplyStream, StopSequences, merged_blocks
-from homelab.server.tools import ContentDelta
 
 HARMONY_TEMPLATE = (
     "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"

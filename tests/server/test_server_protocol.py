@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 
 from homelab.engine.api import EngineMetrics, RequestStats
-from homelab.engine.chat import ToolCall
 from homelab.errors import BusyError, ContextLengthError, EngineError
 from homelab.server.errors import api_error_from, param_name
 from homelab.server.metrics import ServerMetrics
+from homelab.server.pieces import ToolCall
 from homelab.server.protocol import (
     IGNORED_LLAMACPP_FIELDS,
     ChatCompletionRequest,

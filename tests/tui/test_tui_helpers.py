@@ -9,9 +9,9 @@ from tui_fakes import GIB, MIB, fake_rtx_24gb, gpu_24gb_machine
 
 from homelab.tui.bars import share_cells
 from homelab.tui.format import human_tokens
+from homelab.tui.handoff import Coalescer, Inbox, TextBuffer
 from homelab.tui.hardware_source import live_from_report, vram_share
 from homelab.tui.knobs import Knobs, cycle
-from homelab.tui.live import Coalescer, Inbox, TextBuffer
 from homelab.units import format_size
 
 

@@ -24,7 +24,7 @@ from test_tui_flow import free_port, planned, rendered, wait_until
 from textual.widget import Widget
 from tui_fakes import FakeHardware
 
-from homelab.engine.speculation import SpeculationConfig
+from homelab.engine.speculation.config import SpeculationConfig
 from homelab.tui.app import HomelabApp, make_app
 from homelab.tui.widgets.live import LivePanel
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from homelab.engine.api import TokenEvent
 from homelab.errors import HomelabError
 from homelab.tui import services
-from homelab.tui.live import TextBuffer
+from homelab.tui.handoff import TextBuffer
 from homelab.tui.messages import AnswerFinished, TaskFailed
 from homelab.tui.panels import in_thread
 

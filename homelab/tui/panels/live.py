@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from homelab.errors import HomelabError
 from homelab.tui import services
-from homelab.tui.live import Coalescer
+from homelab.tui.handoff import Coalescer
 from homelab.tui.messages import MetricsUpdated, ModelLoaded, ModelUnloaded, TaskFailed
 from homelab.tui.panels import busy, in_thread
 from homelab.tui.screens.error import ErrorScreen
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from homelab.engine.api import EngineMetrics
     from homelab.engine.loader import LoadReport
-    from homelab.engine.speculation import SpeculationConfig
+    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.planner.plan import Plan
     from homelab.tui.panels.plan import PlanController
     from homelab.tui.protocols import AnswerStream, DashboardEngine, ServerLike

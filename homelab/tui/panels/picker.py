@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from homelab.errors import HomelabError
 from homelab.tui import services
-from homelab.tui.live import Coalescer, PullProgress
+from homelab.tui.handoff import Coalescer, PullProgress
 from homelab.tui.messages import FitComputed, ModelPulled, ModelsListed, PullProgressed, TaskFailed
 from homelab.tui.panels import busy, in_thread
 from homelab.tui.screens.picker import ModelPicker

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from homelab.errors import HomelabError
 from homelab.tui import services
-from homelab.tui.live import Inbox
+from homelab.tui.handoff import Inbox
 from homelab.tui.messages import RequestsLogged, ServerStarted, ServerStopped, TaskFailed
 from homelab.tui.panels import in_thread
 

@@ -13,7 +13,7 @@ import pytest
 
 from homelab import cli
 from homelab.cli import demo_model as demo_cli
-from homelab.gguf import demo
+from homelab.gguf import demo, generator
 from homelab.gguf.demo import demo_model_path
 
 
@@ -83,8 +83,8 @@ def test_demo_model_rejects_an_unknown_architecture(capsys: pytest.CaptureFixtur
 
 
 def test_cli_choices_match_the_generator() -> None:
-    assert demo_cli.ARCH_CHOICES == demo.ARCHS
-    assert demo_cli.SIZE_CHOICES == demo.SIZES
+    assert demo_cli.ARCH_CHOICES == generator.ARCHS
+    assert demo_cli.SIZE_CHOICES == generator.SIZES
     assert demo_cli.QUANT_CHOICES == demo.QUANTS
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from homelab.engine.acceptance import Distribution, Proposal
 from homelab.engine.slots import common_prefix_length
-from homelab.engine.speculation import DraftRequest, check_draft_model, check_vocabularies
+from homelab.engine.speculation.acceptance import Distribution, Proposal
+from homelab.engine.speculation.refusals import check_draft_model, check_vocabularies
+from homelab.engine.speculation.sequence import DraftRequest
 from homelab.errors import EngineError
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context, ContextCreateError, ContextParams

@@ -1,36 +1,23 @@
-"""Tool calling on top of the chat template: forcing a call with a grammar, and finding
-calls in streamed output.
+"""Finding tool calls in streamed output.
 
-Two output forms are understood (parsing itself is :func:`homelab.engine.chat.parse_tool_calls`):
+Two output forms are understood (parsing itself is
+:func:`homelab.server.tools.calls.parse_tool_calls`):
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen, Hermes), and a
 message that is nothing but ``{"name": ..., "parameters": {...}}`` objects (Llama 3.x).
 
 :class:`ToolCallStream` turns text arriving token by token into content deltas and whole
 tool calls: it releases text that cannot be the start of a ``<tool_call>`` block, buffers a
 block until it closes, and buffers a message that *starts* with ``{`` to the end (it may be a
-Llama 3 call). ``tool_choice`` "required" or a named function becomes a grammar, so the model
-cannot answer without calling.
+Llama 3 call).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
-
-from homelab.engine.chat import ToolCall, parse_tool_calls
-from homelab.engine.grammar import schema_to_grammar
+from homelab.server.pieces import ContentDelta, ToolCall
+from homelab.server.tools.calls import parse_tool_calls
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
-_CALL_RULE = "homelab-tool-call"
-
-
-@dataclass(frozen=True)
-class ContentDelta:
-    text: str
-
 
 Piece = ContentDelta | ToolCall
 
@@ -118,36 +105,3 @@ def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
     content = "".join(p.text for p in pieces if isinstance(p, ContentDelta))
     calls = [p for p in pieces if isinstance(p, ToolCall)]
     return (content.strip() if calls else content), calls
-
-
-def uses_tagged_calls(template_source: str) -> bool:
-    return OPEN_TAG in template_source
-
-
-def forced_call_grammar(tools: Sequence[dict[str, Any]], only: str | None, tagged: bool) -> str:
-    """A GBNF grammar that makes the model call one of ``tools`` (or the one named ``only``).
-
-    Raises EngineError (from the schema converter) when the parameters schema is unusable.
-    """
-    arguments_key = "arguments" if tagged else "parameters"
-    variants = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": tool["function"]["name"]},
-                arguments_key: tool["function"].get("parameters") or {"type": "object"},
-            },
-            "required": ["name", arguments_key],
-        }
-        for tool in tools
-        if only is None or tool["function"]["name"] == only
-    ]
-    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
-    call_grammar = re.sub(
-        r"^root\s*::=", f"{_CALL_RULE} ::=", schema_to_grammar(schema), flags=re.M
-    )
-    if tagged:
-        root = f'root ::= "{OPEN_TAG}" "\\n"? {_CALL_RULE} "\\n"? "{CLOSE_TAG}"'
-    else:
-        root = f"root ::= {_CALL_RULE}"
-    return root + "\n" + call_grammar

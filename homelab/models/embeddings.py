@@ -1,4 +1,5 @@
-"""What ``homelab serve`` loads when embeddings are involved, and the memory it plans for them.
+"""Plan-then-load when embeddings are involved (what ``homelab serve`` loads), and the
+memory planned for them.
 
 - An embedding model (BERT, nomic-bert…, or any GGUF naming a pooling) is served alone:
   :class:`~homelab.engine.embeddings.EmbeddingModelEngine` with the plan's placement and
@@ -12,7 +13,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from homelab.engine.embeddings import (
     Embedder,
@@ -21,11 +22,12 @@ from homelab.engine.embeddings import (
     is_embedding_model,
 )
 from homelab.gguf.reader import read_model
+from homelab.models.launch import Overrides, load_plan, planned_file
+from homelab.models.ref import ModelRef
 from homelab.planner.embeddings import embedding_memory, reserve_embeddings
 
 if TYPE_CHECKING:
-    from homelab.models.launch import Overrides
-    from homelab.models.ref import ModelRef
+    from homelab.engine.engine import Engine
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
 
@@ -44,11 +46,9 @@ def planning_hardware(model_path: Path, hardware: Hardware, pooling: str | None)
 
 def load_serving_engine(
     ref: ModelRef, plan: Plan, overrides: Overrides | None = None, pooling: str | None = None
-) -> Any:
+) -> Engine | EmbeddingModelEngine:
     """The engine ``homelab serve`` runs for ``ref``: an embedding model alone, or the planned
     generation engine (with an embedder beside it when ``pooling`` is given)."""
-    from homelab.models.launch import Overrides, load_plan, planned_file
-
     path = planned_file(ref, plan)
     info = read_model(path)
     if is_embedding_model(info):

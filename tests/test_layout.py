@@ -1,0 +1,76 @@
+"""README's Layout names every module of the package, and only modules that exist.
+
+The Layout is an indented tree: a line whose first word ends with ``/`` opens a folder (its
+parent is the nearest less-indented folder); the ``*.py`` words a line starts with are modules
+of the folder it is indented under. ``__init__.py`` files are not listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def layout_block(readme: str) -> list[str]:
+    after = readme.split("\n## Layout\n", 1)[1]
+    block = after.split("```", 2)[1]
+    return block.splitlines()[1:]  # the line after the opening fence onward
+
+
+def named_modules(lines: list[str]) -> set[str]:
+    """Module paths (``homelab/server/tools/calls.py``) the Layout names."""
+    folders: list[tuple[int, str]] = []  # (indent, path) of the open folders
+    named: set[str] = set()
+    for line in lines:
+        words = line.split()
+        if not words:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if words[0].endswith("/"):
+            while folders and folders[-1][0] >= indent:
+                folders.pop()
+            parent = folders[-1][1] if folders else ""
+            folders.append((indent, parent + words[0]))
+            continue
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        for word in words:
+            if not word.endswith(".py"):
+                break
+            if folders:
+                named.add(folders[-1][1] + word)
+    return {path for path in named if path.startswith("homelab/")}
+
+
+def package_modules() -> set[str]:
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "homelab").rglob("*.py")
+        if path.name != "__init__.py"
+    }
+
+
+def test_the_layout_names_every_module_and_no_other() -> None:
+    named = named_modules(layout_block((ROOT / "README.md").read_text(encoding="utf-8")))
+    actual = package_modules()
+    assert not actual - named, f"modules the README's Layout does not name: {actual - named}"
+    assert not named - actual, f"the Layout names modules that do not exist: {named - actual}"
+
+
+def test_the_parser_reads_folders_by_indentation() -> None:
+    lines = [
+        "homelab/",
+        "  a.py b.py        two modules",
+        "  sub/             a folder",
+        "    c.py           in sub",
+        "  d.py             back at the top",
+        "other/",
+        "  e.py",
+    ]
+    assert named_modules(lines) == {
+        "homelab/a.py",
+        "homelab/b.py",
+        "homelab/sub/c.py",
+        "homelab/d.py",
+    }
