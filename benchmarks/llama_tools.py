@@ -79,14 +79,18 @@ def _download_sdist(version: str) -> Path:
 
 
 def tool_path(name: str) -> Path:
-    return BUILD_DIR / "bin" / name
+    """A tool of the local build, or of ``$HOMELAB_LLAMA_TOOLS`` (the GPU machine's CUDA build)."""
+    elsewhere = os.environ.get("HOMELAB_LLAMA_TOOLS")
+    return Path(elsewhere) / name if elsewhere else BUILD_DIR / "bin" / name
 
 
 def build_tools(jobs: int = 2, *, force: bool = False) -> dict[str, Path]:
     """Configure and build the comparison tools (about 10 minutes on 2 cores, once)."""
     paths = {name: tool_path(name) for name in TARGETS}
-    if not force and all(path.is_file() for path in paths.values()):
-        return paths
+    if os.environ.get("HOMELAB_LLAMA_TOOLS") or (
+        not force and all(path.is_file() for path in paths.values())
+    ):
+        return paths  # built elsewhere (the GPU machine's script builds its own)
     if shutil.which("cmake") is None:
         raise RuntimeError("cmake is needed to build llama.cpp's benchmark tools")
     source = find_sources()

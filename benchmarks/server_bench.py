@@ -172,6 +172,7 @@ def llama_server_command(config: ServerBenchConfig, settings: Settings, port: in
         "-ctk", settings.type_k, "-ctv", settings.type_v,
         "-kvu" if settings.kv_unified else "-no-kvu",
         "-cram", "0", "--no-webui", "--log-disable",
+        "-ngl", str(999 if settings.n_gpu_layers < 0 else settings.n_gpu_layers),
     ]  # fmt: skip
 
 

@@ -77,6 +77,8 @@ class RunConfig:
     table_prompt_tokens: int
     table_gen_tokens: int
     limits_s: dict[str, float] = field(default_factory=dict)
+    serving_clients: tuple[int, ...] = (1, 8, 16)
+    serving_rounds: int = 3
 
 
 def _kv_cases(model: str, ctx: int, parallel: int, partial_layers: int) -> list[MemoryCase]:
@@ -116,6 +118,7 @@ GPU_CONFIG = RunConfig(
         "engine_speed": 120,
         "kv": 60,
         "table": 200,
+        "serving": 150,
     },
 )
 
@@ -150,7 +153,10 @@ SMOKE_CONFIG = RunConfig(
         "engine_speed": 240,
         "kv": 120,
         "table": 240,
+        "serving": 300,
     },
+    serving_clients=(1, 2),
+    serving_rounds=2,
 )
 
 
@@ -600,6 +606,49 @@ def kv_section(run: Run) -> None:
             run.results.save()
 
 
+# --- section 5: serving (homelab serve vs llama-server) and TTFT ----------------------------
+
+
+def serving_section(run: Run) -> None:
+    """The comparisons ``benchmarks.server_bench`` and ``benchmarks.step_bench --ttft-only``
+    make on this CPU, on the big model with every layer on the GPU: 1/8/16 clients streaming
+    and not, and the TTFT of 2K/8K/32K-token prompts, against llama-server of the same build."""
+    serving = run.results.data.setdefault("serving", {})
+    wait_for_tools(run)
+    big, tools = run.models["big"], str(run.tools_dir)
+    clients = ",".join(str(n) for n in run.config.serving_clients)
+    benches = {
+        "server_bench": ["benchmarks.server_bench", "--model", big, "--concurrency", clients,
+                         "--rounds", str(run.config.serving_rounds), "--max-tokens", "128",
+                         "--threads", "4", "--min-idle", "0"],
+        "ttft": ["benchmarks.step_bench", "--ttft-only", "--ttft-model", big,
+                 "--rounds", str(run.config.serving_rounds), "--threads", "4", "--min-idle", "0"],
+    }  # fmt: skip
+    for name, args in benches.items():
+        found = item(run, f"serving: {name}", lambda args=args: _bench_table(run, args, tools))
+        serving[name] = found
+        run.results.save()
+
+
+def _bench_table(run: Run, args: list[str], tools: str) -> dict[str, Any]:
+    """Run one benchmark module; its markdown table (stdout) and the command."""
+    timeout_s = run.budget("serving")
+    if timeout_s is None:
+        raise ItemFailed("out of time")
+    env = {**os.environ, "HOMELAB_LLAMA_TOOLS": tools}
+    command = [sys.executable, "-m", *args]
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env=env
+        )
+    except subprocess.TimeoutExpired:
+        raise ItemFailed(f"{args[0]} timed out after {timeout_s:.0f} s") from None
+    _log_stderr(args[0], done.stderr)
+    if done.returncode != 0:
+        raise ItemFailed(f"{args[0]} exited {done.returncode}")
+    return {"command": shlex.join(["python", "-m", *args]), "table": done.stdout}
+
+
 # --- section 4: the concurrency × K/V table ------------------------------------------------
 
 
@@ -625,6 +674,7 @@ SECTIONS: tuple[tuple[str, Callable[[Run], None]], ...] = (
     ("speed", speed_section),
     ("kv_speed", kv_section),
     ("table", table_section),
+    ("serving", serving_section),
 )
 
 
@@ -685,7 +735,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="results.json", help="results JSON (run)")
     parser.add_argument("--tools-ready", help="file that exists once the tools build has ended")
     parser.add_argument("--deadline", type=float, help="unix time by which the run must end")
-    parser.add_argument("--sections", help="comma-separated subset of memory,speed,kv_speed,table")
+    parser.add_argument(
+        "--sections", help="comma-separated subset of memory,speed,kv_speed,table,serving"
+    )
     parser.add_argument(
         "--cpu-smoke", action="store_true", help="tiny models, no GPU: check the code paths here"
     )

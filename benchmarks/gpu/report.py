@@ -258,9 +258,25 @@ def problems(data: dict[str, Any]) -> list[str]:
     return ["### What failed or was skipped", "", *(lines or ["Nothing."]), ""]
 
 
+def serving(data: dict[str, Any]) -> list[str]:
+    """The serving benchmarks' own markdown tables, each under its command."""
+    found = data.get("serving") or {}
+    lines: list[str] = []
+    for name, title in (("server_bench", "homelab serve vs llama-server"), ("ttft", "TTFT")):
+        bench = found.get(name)
+        if bench:
+            lines += [
+                f"### {title} (big model, all layers on the GPU)",
+                "",
+                f"`{bench['command']}`",
+            ]
+            lines += ["", bench["table"].strip(), ""]
+    return lines
+
+
 def render(data: dict[str, Any]) -> str:
     parts = [header(data), memory(data), speed(data)]
-    parts += [kv_speed(data), concurrency(data), problems(data)]
+    parts += [kv_speed(data), concurrency(data), serving(data), problems(data)]
     return "\n".join(line for part in parts for line in part)
 
 

@@ -105,14 +105,14 @@ build_llama_cpp_python() {
 }
 
 build_tools() {
-    if [ -x "$BUILD/bin/llama-bench" ] && [ -x "$BUILD/bin/llama-batched-bench" ]; then
+    if [ -x "$BUILD/bin/llama-bench" ] && [ -x "$BUILD/bin/llama-batched-bench" ] && [ -x "$BUILD/bin/llama-server" ]; then
         echo "exit 0 (built by an earlier call)" >"$TOOLS_DONE"
         return
     fi
     step "llama-bench and llama-batched-bench in the background (same build folder)"
     (
         timeout 60 cmake -DLLAMA_BUILD_TOOLS=ON "$BUILD" &&
-            timeout 180 cmake --build "$BUILD" --target llama-bench llama-batched-bench -j 16
+            timeout 180 cmake --build "$BUILD" --target llama-bench llama-batched-bench llama-server -j 16
         echo "exit $?" >"$TOOLS_DONE"
     ) >"$OUT/tools.log" 2>&1 &
 }

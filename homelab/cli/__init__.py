@@ -28,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "hw": ("hw", "report GPUs, CPU, RAM and the llama.cpp build"),
     "demo-model": ("demo_model", "generate a small GGUF model with random weights"),
     "inspect": ("inspect", "show a GGUF file's metadata"),
+    "template": ("template", "show what the server makes of a chat template (tools, reasoning)"),
     "plan": ("plan", "choose quant, KV types, context, slots and offload"),
     "run": ("run", "run a model and stream the answer with tok/s"),
     "serve": ("serve", "serve an OpenAI-compatible endpoint"),

@@ -18,8 +18,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from homelab.gguf.reader import read_model
     from homelab.gguf.summary import format_summary, summarize
+    from homelab.server.tools import detect_tool_format
 
     path = flags.model_ref(args.model).local_path()
-    summary = summarize(read_model(path), with_tensors=args.tensors)
-    print(json.dumps(summary, ensure_ascii=False) if args.json else format_summary(summary))
+    info = read_model(path)
+    summary = summarize(info, with_tensors=args.tensors)
+    summary["tool_call_format"] = (
+        detect_tool_format(info.chat_template).name if info.chat_template else None
+    )
+    text = format_summary(summary).replace(
+        "\nchat template   yes",
+        f"\nchat template   yes (tool calls: {summary['tool_call_format']})",
+    )
+    print(json.dumps(summary, ensure_ascii=False) if args.json else text)
     return 0

@@ -46,6 +46,7 @@ DEFAULT_PORT = 8080
 # quality that reaches it, rather than for the longest context that fits (goal "context"),
 # which would give the first model every byte and never let two share the machine.
 FLEET_GOAL = "quality"
+AGENT_MIN_CONTEXT = 65_536  # Claude Code, Codex, OpenCode: 10-30K of prompt before any work
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +82,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no-think",
         action="store_true",
         help="templates with an enable_thinking switch: thinking off unless a request turns it on",
+    )
+    parser.add_argument(
+        "--alias",
+        action="append",
+        default=[],
+        metavar="PATTERN=MODEL",
+        help="a requested model name matching PATTERN (fnmatch, e.g. 'claude-*') means MODEL "
+        "(repeatable; also [aliases] in serve.toml)",
+    )
+    parser.add_argument(
+        "--strip-pattern",
+        action="append",
+        default=[],
+        metavar="REGEX",
+        help="remove text matching REGEX from system messages before rendering (volatile client "
+        "blocks; Claude Code's billing header is always removed)",
+    )
+    parser.add_argument(
+        "--no-history-reasoning",
+        action="store_true",
+        help="drop earlier turns' reasoning instead of rendering it back (it keeps the prefix "
+        "cache valid for reasoning models)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="serve settings file ([aliases], [prompt]; default: config dir serve.toml)",
     )
     parser.add_argument(
         "--embeddings",
@@ -140,6 +168,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     plan = plan_file(ref, request, planning_hardware(model_path, hardware, embeddings))
     keys, new_key = _keys_for(args, keys_path)
     config = _config(args, model_path, keys)
+    _check_aliases(config, [config.model_id, *config.model_aliases])
     sock = bind_socket(args.host, args.port)
     config = replace(config, port=sock.getsockname()[1])  # --port 0: the port it got
     _setup_logging()
@@ -151,7 +180,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
         daemon=True,
     )
     loader.start()
-    _announce_start(args, config, keys_path, new_key)
+    _announce_start(args, config, keys_path, new_key, plan)
     _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
@@ -188,6 +217,7 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     fleet = build_fleet(args)
     keys, new_key = _keys_for(args, keys_path)
     config = _config(args, Path("homelab"), keys)
+    _check_aliases(config, fleet.names())
     sock = bind_socket(args.host, args.port)
     config = replace(config, port=sock.getsockname()[1])
     _setup_logging()
@@ -277,9 +307,22 @@ def _announce_fleet(
 
 
 def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) -> ServerConfig:
-    from homelab.server.config import ServerConfig
+    from homelab.locations import config_dir
+    from homelab.server.config import (
+        DEFAULT_VOLATILE_PATTERNS,
+        SERVE_FILE_NAME,
+        ServerConfig,
+        parse_alias,
+        read_serve_file,
+    )
 
+    file = read_serve_file(args.config or config_dir() / SERVE_FILE_NAME)
+    aliases = tuple(parse_alias(a) for a in args.alias) + file.aliases  # flags match first
+    patterns = DEFAULT_VOLATILE_PATTERNS + file.strip_patterns + tuple(args.strip_pattern)
     return ServerConfig(
+        aliases=aliases,
+        volatile_patterns=patterns,
+        history_reasoning=file.history_reasoning and not args.no_history_reasoning,
         model_id=args.model_id or model_path.stem,
         host=args.host,
         port=args.port,
@@ -291,6 +334,18 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) ->
         reasoning_format=args.reasoning_format,
         enable_thinking=False if args.no_think else None,
     )
+
+
+def _check_aliases(config: ServerConfig, served: list[str]) -> None:
+    """An alias must lead to a model this server serves (else every request it catches 404s)."""
+    from homelab.errors import ConfigError
+
+    for pattern, model in config.aliases:
+        if model not in served:
+            raise ConfigError(
+                f"--alias {pattern}={model}: this server serves no model named '{model}'.",
+                hint=f"Name one of: {', '.join(served)}.",
+            )
 
 
 def _load(
@@ -350,7 +405,11 @@ def _announce_key(args: argparse.Namespace, keys_path: Path, tenant: str, key: s
 
 
 def _announce_start(
-    args: argparse.Namespace, config: ServerConfig, keys_path: Path, new_key: str | None
+    args: argparse.Namespace,
+    config: ServerConfig,
+    keys_path: Path,
+    new_key: str | None,
+    plan: Plan,
 ) -> None:
     host = f"[{config.host}]" if ":" in config.host else config.host
     url = f"http://{host}:{config.port}/v1"
@@ -359,6 +418,8 @@ def _announce_start(
             "base_url": url,
             "model": config.model_id,
             "auth": config.keys is not None,
+            "context_per_request": plan.settings.n_ctx_per_slot,
+            "slots": plan.settings.n_parallel,
         }
         if new_key:
             doc.update(api_key=new_key, tenant="default", keys_file=str(keys_path))
@@ -372,6 +433,21 @@ def _announce_start(
         "(/health answers 503 until it is loaded).",
         flush=True,
     )
+    print(_agent_context_line(plan), flush=True)
+
+
+def _agent_context_line(plan: Plan) -> str:
+    """What a coding agent gets: its whole prompt (system, tools, history) must fit one slot."""
+    n_ctx = plan.settings.n_ctx_per_slot
+    s = plan.settings
+    kv = f"K/V {s.type_k}/{s.type_v}"
+    line = f"Context per request: {n_ctx:,} tokens ({s.n_parallel} slot(s), {kv})."
+    if n_ctx < AGENT_MIN_CONTEXT:
+        line += (
+            f" Coding agents need about {AGENT_MIN_CONTEXT // 1024}K for their tool prompts; "
+            "try --goal agent."
+        )
+    return line
 
 
 def _setup_logging() -> None:

@@ -36,7 +36,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # never emitted; matched across token boundaries
     logprobs: int | None = None  # None => off; N => chosen token's logprob + top N alternatives
     grammar: str | None = None  # GBNF (e.g. from a JSON schema); size/nesting bounded
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # end-of-generation tokens are never sampled; max_tokens ends it
+    min_tokens: int = 0  # end-of-generation tokens are not sampled before this many tokens
 
 
 @dataclass(frozen=True)
@@ -105,5 +106,6 @@ class EngineMetrics:
     draft_tokens_total: int = 0  # drafted tokens the target verified
     accepted_draft_tokens_total: int = 0
     acceptance_rate: float | None = None  # rolling accepted / drafted (None: nothing drafted)
+    step_phases_us: Mapping[str, float] | None = None  # mean µs per step and phase (profiled)
     tokens_per_target_step: float | None = None  # rolling tokens a generating sequence gains
     # per target step: 1.0 without speculation, up to 1 + max_draft_tokens with it

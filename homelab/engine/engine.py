@@ -1,4 +1,4 @@
-"""The engine: a loaded model serving many requests at once through one scheduler thread.
+"""The engine: a loaded model serving many requests at once through one scheduler.
 
     with Engine.load(path, settings) as engine:
         handle = engine.submit(GenerationRequest(tenant="alice", prompt="Hello"))
@@ -17,10 +17,12 @@ bound, token ids, grammar) and raises ``ContextLengthError`` / ``BusyError`` /
 ``reason="error"``. The tenant comes from the caller (the server derives it from the API
 key) and decides which prefix cache a request may use; it is never read from request fields.
 
-All llama.cpp compute of an engine runs on its one scheduler thread. Keep it the only thread
-of the process that runs llama.cpp compute: ggml's CPU backend uses OpenMP, and a second
-computing thread (another engine, a llama-cpp-python ``Llama``) makes libgomp's thread teams
-interfere — measured 15-20 % slower decoding at 2 threads (see benchmarks/RESULTS.md).
+All llama.cpp compute of an engine runs on the process's compute lane
+(``homelab.llamacpp.lane``), which steps every engine's scheduler in turn. Keep it the only
+thread of the process that runs llama.cpp compute: ggml's CPU backend uses OpenMP, and a
+second computing thread (another engine, a llama-cpp-python ``Llama``) makes libgomp's
+thread teams interfere — measured 15-20 % slower decoding at 2 threads (see
+benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import concurrent.futures
 import functools
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
 from homelab.engine.loader import LoadedModel, LoadReport, load_model
-from homelab.engine.metrics import EngineMeter, RequestClock
+from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
 from homelab.engine.prompt_bound import tokenize_within
 from homelab.engine.sampling import SamplerChain
 from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig
@@ -60,6 +63,7 @@ if TYPE_CHECKING:
     from homelab.engine.embeddings import Embedder
 
 _request_ids = itertools.count(1)
+PROFILE_STEPS_ENV = "HOMELAB_PROFILE_STEPS"  # set: every step timed by phase (EngineMetrics)
 log = logging.getLogger("homelab.engine")
 T = TypeVar("T")
 
@@ -106,8 +110,10 @@ class Engine(Closing):
             )
         chunk = prefill_chunk_tokens or loaded.context.n_ubatch
         config = SchedulerConfig(n_batch, self.n_vocab, self.n_ctx_per_slot, chunk, queue_limit)
+        profile = StepProfile() if os.environ.get(PROFILE_STEPS_ENV) else None
+        self._meter.step_profile = profile
         self._scheduler = Scheduler(
-            loaded.context, vocab, slots, self._meter, config, self.eog_tokens, speculator
+            loaded.context, vocab, slots, self._meter, config, self.eog_tokens, speculator, profile
         )
         self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
         self._chat_template = self._make_chat_template()
@@ -337,7 +343,7 @@ class Engine(Closing):
             self._closed = True
         self._unwatch()
         self._scheduler.close()
-        if self._failure is not None or self._scheduler.thread_alive:
+        if self._failure is not None or self._scheduler.running:
             return  # a decode that never returns (a lost worker): leak, don't free or join
         if self.embedder is not None:  # its context lives on our model: free it first
             self.embedder.close()

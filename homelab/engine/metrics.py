@@ -1,11 +1,12 @@
 """Engine metrics: per-request timings and engine-wide rolling throughput, published.
 
-The scheduler thread records what each step did (:meth:`EngineMeter.record_step`) and when
-requests start, produce their first token and finish. :class:`RequestClock` turns one
-request's timestamps into :class:`~homelab.engine.api.RequestStats`. Subscribers (the TUI,
-the server's ``/metrics``) get an :class:`~homelab.engine.api.EngineMetrics` snapshot from the
-engine thread at their own steady interval — coalesced, never once per token, and without
-polling the engine's internals.
+The scheduler (on the compute lane) records what each step did
+(:meth:`EngineMeter.record_step`) and when requests start, produce their first token and
+finish. :class:`RequestClock` turns one request's timestamps into
+:class:`~homelab.engine.api.RequestStats`. Subscribers (the TUI, the server's ``/metrics``)
+get an :class:`~homelab.engine.api.EngineMetrics` snapshot from the lane at their own
+steady interval — coalesced, never once per token, and without polling the engine's
+internals.
 """
 
 from __future__ import annotations
@@ -85,6 +86,40 @@ class _Subscriber:
     next_due: float
 
 
+STEP_PHASES = ("admit", "draft", "batch", "decode", "sample", "emit")
+
+
+class StepProfile:
+    """Where a scheduler step's time goes, per phase (a debug measurement: an engine loaded
+    with ``profile_steps``, or ``HOMELAB_PROFILE_STEPS=1``, times its steps; others never
+    call the clock for it). ``admit``: queued calls, cancellations, admissions; ``draft``:
+    the speculator; ``batch``: planning and filling the llama_batch; ``decode``:
+    ``llama_decode``; ``sample``: the sampler chains; ``emit``: detokenizing, stop strings,
+    handing events to the request handles, metrics."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = dict.fromkeys(STEP_PHASES, 0.0)
+        self._steps = 0
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[phase] += seconds
+
+    def total(self, phase: str) -> float:
+        with self._lock:
+            return self._seconds[phase]
+
+    def step_done(self) -> None:
+        with self._lock:
+            self._steps += 1
+
+    def per_step_us(self) -> dict[str, float]:
+        with self._lock:
+            steps = max(self._steps, 1)
+            return {phase: 1e6 * total / steps for phase, total in self._seconds.items()}
+
+
 class EngineMeter:
     """Engine-wide counters and rolling throughput; thread-safe reads, one writer."""
 
@@ -108,8 +143,9 @@ class EngineMeter:
         self.queue_depth = 0
         self.kv_cells_used = 0
         self.live_queue_depth: Callable[[], int] | None = None  # read at snapshot time
+        self.step_profile: StepProfile | None = None  # set when the engine profiles its steps
 
-    # --- written by the scheduler thread -------------------------------------------------
+    # --- written by the scheduler, on the lane -----------------------------------------------
 
     def record_step(
         self,
@@ -189,6 +225,7 @@ class EngineMeter:
             accepted_draft_tokens_total=self.accepted_draft_tokens_total,
             acceptance_rate=accepted / drafted if drafted else None,
             tokens_per_target_step=decode / sequences if sequences else None,
+            step_phases_us=self.step_profile.per_step_us() if self.step_profile else None,
         )
 
     def _span(self, now: float) -> float:

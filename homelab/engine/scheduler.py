@@ -1,4 +1,4 @@
-"""Continuous batching: one thread, one ``llama_decode`` per step, every sequence in it.
+"""Continuous batching: one ``llama_decode`` per step, every sequence in it, on the lane.
 
 Each step the scheduler
 
@@ -32,6 +32,7 @@ import asyncio
 import bisect
 import concurrent.futures
 import logging
+import math
 import queue
 import threading
 import time
@@ -40,6 +41,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
+
 from homelab.engine.api import (
     FinishEvent,
     FinishReason,
@@ -47,13 +50,14 @@ from homelab.engine.api import (
     TokenEvent,
     TokenLogprob,
 )
-from homelab.engine.metrics import EngineMeter, RequestClock
+from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
 from homelab.engine.sampling import SamplerChain, top_logprobs
 from homelab.engine.slots import Slot, SlotTable
 from homelab.engine.speculation.acceptance import verify
 from homelab.engine.speculation.sequence import DraftRequest, SequenceSpeculation
 from homelab.engine.speculation.speculator import Speculator
 from homelab.engine.text import StopMatcher, Utf8Decoder
+from homelab.llamacpp import lane
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.vocab import Vocab
@@ -107,7 +111,7 @@ class RequestHandle:
             self.cancelled = True
             self._wake_scheduler()
 
-    # called by the scheduler thread
+    # called on the compute lane (the scheduler's step)
     def push(self, event: Event) -> None:
         """Queue ``event``; wake an asyncio consumer only if it is parked waiting for one
         (a wake-up costs the loop a self-pipe write and a turn: once per token otherwise) and,
@@ -251,7 +255,12 @@ class SchedulerConfig:
 
 
 class Scheduler:
-    """Owns the llama.cpp context after loading; all decoding happens on its thread."""
+    """Owns the llama.cpp context after loading; every step runs on the compute lane.
+
+    The scheduler has no thread of its own: it is a resident of the process's compute lane
+    (``homelab.llamacpp.lane``), which calls :meth:`run_once` in turn with the other engines'
+    schedulers, so ``llama_decode`` is a direct call. Other threads only queue work (under
+    ``_lock``) and wake the lane."""
 
     def __init__(
         self,
@@ -262,55 +271,59 @@ class Scheduler:
         config: SchedulerConfig,
         eog_tokens: frozenset[int],
         speculator: Speculator | None = None,
+        profile: StepProfile | None = None,
     ) -> None:
         self._context = context
+        self._profile = profile  # time every step's phases (debug metrics), or not at all
         self._speculator = speculator
         self._vocab = vocab
         self._slots = slots
         self._meter = meter
         self.config = config
         self._eog = eog_tokens
-        self._cv = threading.Condition()
+        self._eog_ids = np.fromiter(sorted(eog_tokens), dtype=np.int64, count=len(eog_tokens))
+        self._lock = threading.Lock()  # guards _incoming, _calls, _closing, _n_queued
         self._incoming: deque[Job] = deque()
         self._waiting: deque[Job] = deque()
         self._prefilling: list[Job] = []
         self._decoding: list[Job] = []  # in slot order (see _plan_batch)
-        self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _cv)
+        self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _lock)
         self._closing = False
         self.failure: str | None = None  # set by fail(): this context can never compute again
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._pieces: dict[int, bytes] = {}
         self._batch = Batch(config.n_batch)
-        self._thread = threading.Thread(target=self._run, name="homelab-engine", daemon=True)
+        self._stopped = threading.Event()  # set on the lane once the scheduler has shut down
 
     def start(self) -> None:
-        self._thread.start()
+        lane.attach(self)
 
     # --- called from other threads -------------------------------------------------------
 
     def enqueue(self, job: Job) -> bool:
         """Queue a job; False when the queue is full (the caller raises BusyError)."""
-        with self._cv:
+        with self._lock:
             if self._closing or self._n_queued >= self.config.queue_limit:
                 return False
             self._n_queued += 1
             self._incoming.append(job)
-            self._cv.notify()
+        lane.wake()
         return True
 
     def call_between_steps(self, function: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``function`` on the engine thread between two steps (it may touch llama.cpp)."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        with self._cv:
+        with self._lock:
             if self._closing:
                 raise RuntimeError("the engine is closed")
             self._calls.append((function, future))
-            self._cv.notify()
+        lane.wake()
         return future
 
     def _run_calls(self) -> None:
         while self._calls:
-            function, future = self._calls.popleft()
+            with self._lock:
+                function, future = self._calls.popleft()
             if future.set_running_or_notify_cancel():
                 try:
                     future.set_result(function())
@@ -318,8 +331,7 @@ class Scheduler:
                     future.set_exception(exc)
 
     def wake(self) -> None:
-        with self._cv:
-            self._cv.notify()
+        lane.wake()
 
     @property
     def queue_depth(self) -> int:
@@ -331,32 +343,36 @@ class Scheduler:
         return self._closing
 
     def close(self, timeout_s: float = 30.0) -> None:
-        with self._cv:
+        """Cancel what is queued or running and stop; waits (``timeout_s``) until the lane
+        has shut the scheduler down, or does it at once when called on the lane itself."""
+        with self._lock:
             self._closing = True
-            self._cv.notify()
-        if self.failure is not None:  # the thread may be parked inside llama.cpp: never join
+        lane.wake()
+        if self.failure is not None:  # the lane may be parked inside llama.cpp: never wait
             return
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout_s)
-        if not self._thread.is_alive():
+        if lane.on_lane():
+            self._stop()
+        self._stopped.wait(timeout_s)
+        if self._stopped.is_set():
             self._batch.close()  # idempotent
 
     @property
-    def thread_alive(self) -> bool:
-        return self._thread.is_alive()
+    def running(self) -> bool:
+        """Not yet shut down (a close that timed out leaves it running: leak, don't free)."""
+        return not self._stopped.is_set()
 
     def fail(self, reason: str) -> None:
         """The context can never compute again (a lost RPC worker): end every request with
-        ``reason`` and refuse new ones. Called from another thread while the scheduler thread
+        ``reason`` and refuse new ones. Called from another thread while the lane thread
         is stuck inside ``llama_decode``, so it touches no llama.cpp object (slots, sampler
         chains): those leak with the context."""
-        with self._cv:
+        with self._lock:
             self.failure = reason
             self._closing = True
             jobs = [*self._decoding, *self._prefilling, *self._waiting, *self._incoming]
             self._incoming.clear()
             calls = list(self._calls)
-            self._cv.notify()
+        lane.wake()
         for job in jobs:
             self._abandon(job, reason)
         for _, future in calls:
@@ -370,48 +386,47 @@ class Scheduler:
         job.handle.finished = True
         job.handle.push(FinishEvent("error", job.clock.stats(), reason, fatal=True))
 
-    # --- the loop ----------------------------------------------------------------------------
+    # --- the loop (on the compute lane) -------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            if not self._wait_for_work():
-                break
-            try:
-                self._step()
-            except Exception as exc:  # a bug must cost the requests in flight, not the engine
-                log.exception("engine step failed")
-                for job in [*self._decoding, *self._prefilling]:
-                    self._fail(job, f"internal engine error: {exc}")
-            if self.failure is not None:
-                return  # fail() ended every request; llama.cpp must not be touched again
-            self._meter.publish_due(time.perf_counter())
-        if self.failure is None:
+    def run_once(self) -> float | None:
+        """One step if there is work (0.0: call again); else the seconds until the metrics
+        are due; None once shut down or failed (the lane forgets this scheduler)."""
+        if self.failure is not None or self._stopped.is_set():
+            return None  # failed: fail() ended every request; llama.cpp is never touched again
+        with self._lock:
+            if self._incoming:
+                self._waiting.extend(self._incoming)
+                self._incoming.clear()
+            closing = self._closing
+        if closing:
+            self._stop()
+            return None
+        if self._waiting or self._prefilling or self._decoding or self._calls:
+            self._step_safely()
+            if self.failure is None:
+                self._meter.publish_due(time.perf_counter())
+            return 0.0
+        self._update_occupancy()
+        now = time.perf_counter()
+        self._meter.publish_due(now)
+        due_s = self._meter.seconds_until_due(now)
+        return math.inf if due_s is None else due_s
+
+    def _step_safely(self) -> None:
+        try:
+            self._step()
+        except Exception as exc:  # a bug must cost the requests in flight, not the engine
+            log.exception("engine step failed")
+            for job in [*self._decoding, *self._prefilling]:
+                self._fail(job, f"internal engine error: {exc}")
+
+    def _stop(self) -> None:
+        if not self._stopped.is_set():
             self._shutdown()
-
-    def _wait_for_work(self) -> bool:
-        """Move new jobs in; sleep (publishing metrics on time) while there is nothing to do."""
-        with self._cv:
-            while True:
-                if self._incoming:
-                    self._waiting.extend(self._incoming)
-                    self._incoming.clear()
-                if self._closing:
-                    return False
-                if self._waiting or self._prefilling or self._decoding or self._calls:
-                    return True
-                self._update_occupancy()
-                now = time.perf_counter()
-                self._cv.release()
-                try:
-                    self._meter.publish_due(now)
-                finally:
-                    self._cv.acquire()
-                if self._incoming or self._closing:
-                    continue
-                self._cv.wait(self._meter.seconds_until_due(time.perf_counter()))
+            self._stopped.set()
 
     def _shutdown(self) -> None:
-        with self._cv:
+        with self._lock:
             self._waiting.extend(self._incoming)
             self._incoming.clear()
         for job in [*self._decoding, *self._prefilling, *self._waiting]:
@@ -421,6 +436,9 @@ class Scheduler:
             future.cancel()
 
     def _step(self) -> None:
+        if self._profile is not None:
+            self._profiled_step(self._profile)
+            return
         self._run_calls()
         self._drop_cancelled()
         self._admit()
@@ -429,6 +447,37 @@ class Scheduler:
         if parts:
             self._decode(parts)
         self._update_occupancy()
+
+    def _profiled_step(self, profile: StepProfile) -> None:
+        """``_step``, timed phase by phase (see :class:`~homelab.engine.metrics.StepProfile`)."""
+        clock = time.perf_counter
+        started = clock()
+        self._run_calls()
+        self._drop_cancelled()
+        self._admit()
+        admitted = clock()
+        self._propose()
+        drafted = clock()
+        parts = self._plan_batch()
+        batch = self._fill(parts) if parts else None
+        built = clock()
+        status = self._context.decode(batch) if batch is not None else 0
+        decoded = clock()
+        sampling_before = profile.total("sample")
+        if parts:
+            self._after_status(parts, status)
+        self._update_occupancy()
+        ended = clock()
+        sampled = profile.total("sample") - sampling_before
+        for phase, seconds in (
+            ("admit", admitted - started),
+            ("draft", drafted - admitted),
+            ("batch", built - drafted),
+            ("decode", decoded - built),
+            ("emit", ended - decoded - sampled),
+        ):
+            profile.add(phase, seconds)
+        profile.step_done()
 
     def _update_occupancy(self) -> None:
         self._meter.set_occupancy(self._slots.n_busy, self._n_queued, self._slots.cells_used())
@@ -446,7 +495,7 @@ class Scheduler:
                 self._finish(job, "cancelled")
 
     def _dequeued(self) -> None:
-        with self._cv:
+        with self._lock:
             self._n_queued -= 1
 
     def _admit(self) -> None:
@@ -531,7 +580,9 @@ class Scheduler:
         return batch
 
     def _decode(self, parts: list[_Part]) -> None:
-        status = self._context.decode(self._fill(parts))
+        self._after_status(parts, self._context.decode(self._fill(parts)))
+
+    def _after_status(self, parts: list[_Part], status: int) -> None:
         if self.failure is not None:
             return
         if status != 0:
@@ -596,8 +647,26 @@ class Scheduler:
             self._fail(job, f"sampling failed: {exc}")
 
     def _sample(self, job: Job) -> None:
-        token = job.chain.sample(self._context, job.batch_index)
+        if self._before_min_tokens(job):
+            self._ban_eog(job.batch_index)
+        if self._profile is None:
+            token = job.chain.sample(self._context, job.batch_index)
+        else:
+            started = time.perf_counter()
+            token = job.chain.sample(self._context, job.batch_index)
+            self._profile.add("sample", time.perf_counter() - started)
         self._emit(job, token, job.batch_index)
+
+    @staticmethod
+    def _before_min_tokens(job: Job) -> bool:
+        """Whether end-of-generation is still banned (``min_tokens`` not reached; a grammar
+        that has finished allows nothing else, so it is never banned under a grammar)."""
+        sampling = job.request.sampling
+        return job.clock.completion_tokens < sampling.min_tokens and not sampling.grammar
+
+    def _ban_eog(self, row: int) -> None:
+        """End-of-generation tokens cannot be sampled from ``row`` of the last decode."""
+        self._context.logits_row(row)[self._eog_ids] = -np.inf
 
     def _verify_safely(self, part: _Part) -> tuple[int, int]:
         """Verify a draft and emit what it keeps: (tokens emitted, drafted tokens kept)."""
@@ -616,6 +685,9 @@ class Scheduler:
         proposal, spec.proposal = spec.proposal, None
         ignore_eos = job.request.sampling.ignore_eos
         rows = range(part.first_row, part.first_row + len(part.tokens))
+        if self._before_min_tokens(job):  # the whole run: a draft rarely crosses min_tokens
+            for row in rows:
+                self._ban_eog(row)
         verdict = verify(
             job.chain,
             self._context,

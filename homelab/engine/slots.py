@@ -3,10 +3,13 @@
 A slot is one llama.cpp sequence id with its own part of the KV cache. It remembers the
 tokens whose keys and values it holds and the tenant that produced them. A new request is
 placed in the free slot holding the longest common prefix **from the same tenant**, and only
-the rest of its prompt is evaluated. A slot last used by another tenant is always cleared
-before it is handed over, so one tenant's cache never speeds up (and so never reveals
-anything to) another. :meth:`SlotTable.acquire` is the only way to take a slot, and it
-enforces that rule.
+the rest of its prompt is evaluated — unless its prompt diverges from the slot early enough
+to drop more than half of what the slot holds while another slot is free (a short probe
+beside a long conversation): the tenant's largest cache is kept and the request takes, of the
+other free slots, the one whose cache loses the fewest tokens. A slot last used by another
+tenant is always cleared before it is handed over, so one tenant's cache never speeds up (and
+so never reveals anything to) another.
+:meth:`SlotTable.acquire` is the only way to take a slot, and it enforces that rule.
 
 Recurrent models (Mamba, RWKV, hybrids) cannot drop part of their state, so prefix reuse is
 off for them: every request clears its slot. Sliding-window models keep only the last
@@ -100,6 +103,9 @@ class SlotTable:
         if not free:
             return None
         slot, n_reusable = self._best_same_tenant(free, tenant, prompt)
+        if slot is not None and len(free) > 1 and self._cuts_short(slot, n_reusable, prompt):
+            free = self._unprotected(free, tenant)  # nor taken below when nothing is reusable
+            slot, n_reusable = self._cheapest(free, tenant, prompt)
         if slot is None or n_reusable == 0:
             slot, n_reusable = self._least_valuable(free), 0
         n_cached = self._keep(slot, tenant, n_reusable)
@@ -123,6 +129,39 @@ class SlotTable:
             if length > best_length:
                 best, best_length = slot, length
         return best, best_length
+
+    @staticmethod
+    def _cuts_short(slot: Slot, n_reusable: int, prompt: Sequence[int]) -> bool:
+        """Reusing ``slot`` would drop most of what it holds for a few shared tokens: a short
+        probe (a title, a quota check) beside an agent's long conversation sharing only the
+        start of the system prompt. Another free slot serves it, and the conversation keeps
+        its cache for its next turn. A prompt the slot holds whole (the same question again)
+        diverges nowhere: it reuses the slot."""
+        diverges = n_reusable < len(prompt) - 1  # the last prompt token is always evaluated
+        return diverges and n_reusable * 2 < len(slot.tokens)
+
+    @staticmethod
+    def _unprotected(free: list[Slot], tenant: str) -> list[Slot]:
+        """The free slots but the tenant's largest cache (its conversation, as far as a slot
+        table can tell)."""
+        own = [slot for slot in free if slot.tenant == tenant]
+        if not own:
+            return free
+        largest = max(own, key=lambda slot: len(slot.tokens))
+        return [slot for slot in free if slot is not largest]
+
+    def _cheapest(self, free: list[Slot], tenant: str, prompt: Sequence[int]) -> tuple[Slot, int]:
+        """The free slot whose cache loses the fewest tokens to ``prompt`` (the least recently
+        used of equals), and what it reuses: a second probe takes the first probe's slot, not
+        the conversation's."""
+
+        def reusable(slot: Slot) -> int:
+            if slot.tenant != tenant:
+                return 0
+            return min(common_prefix_length(slot.tokens, prompt), len(prompt) - 1)
+
+        slot = min(free, key=lambda s: (len(s.tokens) - reusable(s), s.last_used))
+        return slot, reusable(slot)
 
     @staticmethod
     def _least_valuable(free: list[Slot]) -> Slot:

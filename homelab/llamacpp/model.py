@@ -40,6 +40,7 @@ class ModelParams:
     tensor_split: tuple[float, ...] = ()  # share of the offloaded layers per device
     split_mode: str = "layer"  # "layer", "row" (CUDA: matrices split by rows), "none"
     main_gpu: int = 0  # the one offload device of split_mode "none"
+    vocab_only: bool = False  # the tokenizer alone (a ggml-vocab-*.gguf has no weights)
 
     @classmethod
     def from_settings(cls, settings: Settings, *, allocate: bool = True) -> ModelParams:
@@ -125,6 +126,7 @@ def _c_params(params: ModelParams, keepalive: list[Any]) -> Any:
     module = lib()
     c_params = module.llama_model_default_params()
     c_params.n_gpu_layers = params.n_gpu_layers
+    c_params.vocab_only = params.vocab_only
     if not params.allocate:
         c_params.no_alloc = True
         c_params.load_mode = module.LLAMA_LOAD_MODE_NONE

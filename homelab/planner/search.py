@@ -8,6 +8,10 @@ whatever the goal optimises:
 * ``context`` (default): the longest per-slot context up to the model's trained context; the
   KV type that reaches furthest wins, ties go to the better KV type.
 * ``quality``: the best quant, then the best KV type, that reach ``--ctx``.
+* ``agent``: a coding agent's session (Claude Code, Codex, OpenCode): the best KV type that
+  reaches ``--ctx`` or 64K (the trained context if shorter) — a quantized K/V only when the
+  better ones fall short, and the reasons say so — at the longest context it reaches, with
+  two slots when both reach it (else one); when no KV type reaches it, goal ``context``.
 * ``throughput``: the workload ``--parallel`` × ``--ctx`` at the best quant; without
   ``--parallel``, as many slots as fit (the KV type that fits most wins).
 
@@ -39,7 +43,9 @@ from homelab.planner.rules import (
 from homelab.settings import Settings
 from homelab.units import format_gib
 
-GOALS = ("context", "quality", "throughput")
+GOALS = ("context", "quality", "throughput", "agent")
+AGENT_CONTEXT = 65_536  # a coding agent's tool prompt and history (Ollama asks as much)
+AGENT_SLOTS = (2, 1)  # the conversation keeps its slot while probes and titles use another
 DEFAULT_MIN_CONTEXT = 4096
 DEFAULT_QUALITY_CONTEXT = 8192
 DEFAULT_THROUGHPUT_CONTEXT = 4096
@@ -248,6 +254,7 @@ class Search:
             "context": self.goal_context,
             "quality": self.goal_quality,
             "throughput": self.goal_throughput,
+            "agent": self.goal_agent,
         }
         choice = goal[self.request.goal]() or self.partial_offload()
         if choice is None:
@@ -271,6 +278,54 @@ class Search:
                     self.note_context_choice(choice, options, cap, minimum)
                     return self.maybe_trade_speed_for_context(choice, cap)
         return None
+
+    def goal_agent(self) -> Choice | None:
+        for memory in self.candidates:
+            cap = max(self.trained_ctx(memory), self.request.ctx or 0)
+            target = self.request.ctx or min(AGENT_CONTEXT, cap)
+            for n_ubatch in self.ubatches():
+                reach = self.reach_per_kv(memory, n_ubatch, cap)
+                picked = next(((p, n, c) for p, n, c in reach if c >= target), None)
+                if picked is not None:
+                    pair, n_parallel, ctx = picked
+                    settings = self.with_ctx(self.base(memory, pair, n_parallel, n_ubatch), ctx)
+                    self.note_agent_choice(settings, reach, target)
+                    return self.evaluate(memory, settings)
+        self.reasons.append(
+            "goal agent: no KV type reaches the context an agent needs on this machine; "
+            "planned for the longest context that fits instead (goal context)"
+        )
+        return self.goal_context()
+
+    def reach_per_kv(
+        self, memory: MemoryModel, n_ubatch: int, cap: int
+    ) -> list[tuple[KvPair, int, int]]:
+        """(KV pair, slots, longest context per slot) for each pair (best first) and slot
+        count (more first), every layer on the GPU."""
+        slot_counts = (self.request.parallel,) if self.request.parallel else AGENT_SLOTS
+        return [
+            (pair, n, self.max_ctx(memory, self.base(memory, pair, n, n_ubatch), cap))
+            for pair in self.pairs(memory)
+            for n in slot_counts
+        ]
+
+    def note_agent_choice(
+        self, settings: Settings, reach: list[tuple[KvPair, int, int]], target: int
+    ) -> None:
+        chosen = (settings.type_k, settings.type_v)
+        per_kv = ", ".join(
+            f"{kv_label(p)} {c} × {n} slot{'s' if n > 1 else ''}" for p, n, c in reach
+        )
+        better = [p for p, _, c in reach if kv_quality(p) > kv_quality(chosen)]
+        why = (
+            f"K/V {kv_label(chosen)} because the better types reach less than {target} tokens"
+            if better
+            else f"K/V {kv_label(chosen)}, the best type"
+        )
+        self.reasons.append(
+            f"goal agent: {settings.n_ctx_per_slot} tokens per slot × {settings.n_parallel} "
+            f"(an agent needs {target}); {why} (reachable per KV type: {per_kv})"
+        )
 
     def goal_quality(self) -> Choice | None:
         for memory in self.candidates:

@@ -40,9 +40,17 @@ from homelab.server.anthropic_protocol import (
 )
 from homelab.server.engine_seam import HandleLike
 from homelab.server.errors import api_error_from
-from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.pieces import (
+    ContentDelta,
+    ReasoningDelta,
+    ReplyPiece,
+    StreamPiece,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from homelab.server.prompting import ChatInputs, PreparedChat, prepare_chat, render_chat
-from homelab.server.replies import ParsedChoice, merged_blocks
+from homelab.server.replies import ParsedChoice, merged_blocks, settled
 from homelab.server.serving import (
     RequestContext,
     SamplingKnobs,
@@ -213,7 +221,7 @@ def message_usage(req: MessagesRequest, choice: ParsedChoice) -> dict[str, int]:
 
 def message_body(ctx: RequestContext, req: MessagesRequest, choice: ParsedChoice) -> dict[str, Any]:
     finish = _finish(choice)
-    pieces = merged_blocks(shown(req, choice.output))
+    pieces = merged_blocks(settled(shown(req, choice.output)))
     called = any(isinstance(p, ToolCall) for p in pieces)
     blocks = [block for piece in pieces if (block := _block(piece, called)) is not None]
     return {
@@ -225,7 +233,7 @@ def message_body(ctx: RequestContext, req: MessagesRequest, choice: ParsedChoice
     }
 
 
-def shown(req: MessagesRequest, pieces: Sequence[ReplyPiece]) -> list[ReplyPiece]:
+def shown(req: MessagesRequest, pieces: Sequence[StreamPiece]) -> list[StreamPiece]:
     """What the client sees: nothing for ``max_tokens`` 0, thinking emptied when "omitted"."""
     if req.max_tokens == 0:
         return []
@@ -247,7 +255,7 @@ def _block(piece: ReplyPiece, called: bool) -> dict[str, Any] | None:
     return {**_tool_use_start(piece), "input": json.loads(piece.arguments_json)}
 
 
-def _tool_use_start(call: ToolCall) -> dict[str, Any]:
+def _tool_use_start(call: ToolCall | ToolCallStart) -> dict[str, Any]:
     return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name}
 
 
@@ -262,7 +270,7 @@ class _Blocks:
         self.open: str | None = None  # "thinking" or "text"
         self.calls = 0
 
-    def piece(self, piece: ReplyPiece) -> list[bytes]:
+    def piece(self, piece: StreamPiece) -> list[bytes]:
         if isinstance(piece, ReasoningDelta):
             if not piece.text and self.open == "thinking":
                 return []  # thinking "omitted": one empty block
@@ -272,10 +280,20 @@ class _Blocks:
         if isinstance(piece, ContentDelta):
             delta = {"type": "text_delta", "text": piece.text}
             return [*self._ensure("text", {"type": "text", "text": ""}), self._delta(delta)]
-        self.calls += 1
-        json_delta = {"type": "input_json_delta", "partial_json": piece.arguments_json}
-        events = [*self.close(), *self._start({**_tool_use_start(piece), "input": {}})]
-        return [*events, self._delta(json_delta), *self.close(force=True)]
+        return self._call(piece)
+
+    def _call(self, piece: ToolCallStart | ToolCallArgs | ToolCall) -> list[bytes]:
+        """A tool_use block: opened when the call starts, its input streamed as
+        ``input_json_delta`` fragments, closed when the call is whole."""
+        if isinstance(piece, ToolCallStart):
+            self.calls += 1
+            start = self._start({**_tool_use_start(piece), "input": {}})
+            events = [*self.close(), *start]
+            self.open = "tool_use"
+            return events
+        if isinstance(piece, ToolCallArgs):
+            return [self._delta({"type": "input_json_delta", "partial_json": piece.fragment})]
+        return self.close() if self.open == "tool_use" else []
 
     def close(self, force: bool = False) -> list[bytes]:
         if self.open is None and not force:

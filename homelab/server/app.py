@@ -64,6 +64,8 @@ from homelab.server.protocol import (
 )
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
+from homelab.server.reasoning import detect_reasoning
+from homelab.server.response_store import ResponseStore
 from homelab.server.responses_protocol import ResponsesRequest
 from homelab.server.serving import RequestContext
 
@@ -96,6 +98,9 @@ class ServerState:
         self.limiter = TenantLimiter()
         self.subscribers: list[RequestSubscriber] = []
         self.started = int(time.time())
+        self.responses = ResponseStore(
+            config.stored_responses, config.stored_response_bytes, config.stored_response_ttl_s
+        )
 
     def engine(self) -> EngineLike:
         if self.fleet is not None:
@@ -169,6 +174,7 @@ async def serving_context(state: ServerState, request: Request, model: str) -> R
     tenant, usage = request.scope[TENANT_KEY], request.scope.setdefault(USAGE_KEY, {})
     if state.fleet is None:
         return RequestContext(state.engine(), state.config, state.metrics, tenant, usage, request)
+    model = state.config.resolve_alias(model)  # claude-* -> a fleet model
     lease = await state.fleet.acquire(model, await _keep_alive(request))
     request.scope.setdefault(LEASES_KEY, []).append(lease)
     config = replace(state.config, model_id=lease.model.name, model_aliases=())
@@ -225,7 +231,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             fleet = state.fleet
             cards = [_fleet_card(state, fleet, n) for n in fleet.names()]
             return JSONResponse({"object": "list", "data": cards})
-        return {"object": "list", "data": [_model_card(state)]}
+        return JSONResponse({"object": "list", "data": [_model_card(state)]})
 
     @app.get("/v1/models/{model}", response_model=ModelCard, responses=ERROR_RESPONSES)
     async def retrieve_model(model: str) -> JSONResponse:
@@ -269,7 +275,17 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def create_response(request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
         ctx = await serving_context(state, request, body.model)
-        return await responses.create_response(ctx, body)
+        return await responses.create_response(ctx, body, state.responses)
+
+    @app.get("/v1/responses/{response_id}", responses=ERROR_RESPONSES)
+    async def retrieve_response(request: Request, response_id: str) -> JSONResponse:
+        stored = state.responses.get(request.scope[TENANT_KEY].name, response_id)
+        return JSONResponse(stored.response)
+
+    @app.delete("/v1/responses/{response_id}", responses=ERROR_RESPONSES)
+    async def delete_response(request: Request, response_id: str) -> JSONResponse:
+        state.responses.delete(request.scope[TENANT_KEY].name, response_id)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @app.post(
         "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=_body_doc("EmbeddingRequest")
@@ -303,13 +319,15 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
-    return {
+    model = fleet.models[name]
+    card = {
         "id": name,
         "object": "model",
         "created": state.started,
         "owned_by": "homelab",
-        "status": fleet.models[name].status,
+        "status": model.status,
     }
+    return card | (model_details(model.engine) if model.engine is not None else {})
 
 
 def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
@@ -344,11 +362,40 @@ def _admin_model_name(raw: bytes) -> str:
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {
+    card = {
         "id": state.config.model_id,
         "object": "model",
         "created": state.started,
         "owned_by": "homelab",
+    }
+    engine = state.engine_provider()
+    return card | (model_details(engine) if engine is not None else {})
+
+
+def model_details(engine: EngineLike) -> dict[str, Any]:
+    """A loaded model's context and capabilities, under the names clients read them:
+    ``context_length`` (OpenRouter's, read by LiteLLM-style fetchers), ``max_model_len``
+    (vLLM's), ``meta.n_ctx`` / ``meta.n_ctx_train`` (llama-server's),
+    ``capabilities`` (Ollama's strings) and ``architecture.input_modalities`` (no images).
+    The context is what one request may use: a slot's, not the trained maximum."""
+    template = engine.chat_template
+    info = engine.model_info
+    tools = template is not None and template.supports_tools
+    thinks = template is not None and detect_reasoning(template.source) is not None
+    capabilities = ["completion", *(["tools"] if tools else []), *(["thinking"] if thinks else [])]
+    return {
+        "context_length": engine.n_ctx_per_slot,
+        "max_model_len": engine.n_ctx_per_slot,
+        "meta": {
+            "n_ctx": engine.n_ctx_per_slot,
+            "n_ctx_train": info.context_length,
+            "n_vocab": info.n_vocab,
+            "n_params": info.n_params,
+            "size": info.file_bytes,
+        },
+        "capabilities": capabilities,
+        "supports": {"tools": tools, "reasoning": thinks, "vision": False},
+        "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
     }
 
 
@@ -405,7 +452,7 @@ def _add_middleware(app: FastAPI, state: ServerState) -> None:
             CORSMiddleware,
             allow_origins=list(config.cors_origins),
             allow_credentials=False,  # bearer keys, never cookies: no credentialed wildcard
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"],
         )
     app.add_middleware(RequestObserver, metrics=state.metrics, subscribers=state.subscribers)

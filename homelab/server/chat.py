@@ -12,7 +12,14 @@ from starlette.responses import Response
 from homelab.engine.api import FinishEvent, TokenEvent, TokenLogprob
 from homelab.server.engine_seam import HandleLike
 from homelab.server.errors import api_error_from
-from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.pieces import (
+    ContentDelta,
+    ReasoningDelta,
+    StreamPiece,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from homelab.server.prompting import chat_inputs, prepare_chat
 from homelab.server.protocol import ChatCompletionRequest
 from homelab.server.replies import ParsedChoice, ReplyFormat
@@ -189,31 +196,42 @@ async def _stream(
 def _piece_chunks(
     writer: _ChunkWriter,
     index: int,
-    pieces: list[ReplyPiece],
+    pieces: list[StreamPiece],
     logprobs: list[Any] | None,
     calls_sent: list[int],
 ) -> list[bytes]:
     chunks = []
     for piece in pieces:
-        if isinstance(piece, ContentDelta):
-            chunks.append(writer.chunk(index, {"content": piece.text}, logprobs=logprobs))
-        elif isinstance(piece, ReasoningDelta):
-            chunks.append(writer.chunk(index, {"reasoning_content": piece.text}, logprobs=logprobs))
-        else:
-            delta = {"tool_calls": [_call_json(piece, calls_sent[index])]}
-            calls_sent[index] += 1
-            chunks.append(writer.chunk(index, delta, logprobs=logprobs))
+        if isinstance(piece, ToolCall):
+            continue  # its start and arguments went out as the model wrote them
+        delta = _piece_delta(piece)
+        calls_sent[index] += isinstance(piece, ToolCallStart)
+        chunks.append(writer.chunk(index, delta, logprobs=logprobs))
         logprobs = None
     if not chunks and logprobs is not None:  # token held back (partial character, tool tag)
         chunks.append(writer.chunk(index, {"content": ""}, logprobs=logprobs))
     return chunks
 
 
+def _piece_delta(piece: ContentDelta | ReasoningDelta | ToolCallStart | ToolCallArgs) -> Any:
+    """A streamed piece as a chunk's ``delta``: a call's index, id and name come once, then
+    its arguments in fragments."""
+    if isinstance(piece, ContentDelta):
+        return {"content": piece.text}
+    if isinstance(piece, ReasoningDelta):
+        return {"reasoning_content": piece.text}
+    if isinstance(piece, ToolCallStart):
+        function = {"name": piece.name, "arguments": ""}
+        call = {"index": piece.index, "id": piece.id, "type": "function", "function": function}
+        return {"tool_calls": [call]}
+    return {"tool_calls": [{"index": piece.index, "function": {"arguments": piece.fragment}}]}
+
+
 def _finish_chunks(
     writer: _ChunkWriter,
     index: int,
     event: FinishEvent,
-    pieces: list[ReplyPiece],
+    pieces: list[StreamPiece],
     calls_sent: list[int],
 ) -> bytes:
     finish = check_finish(event)  # raises: reported as an error event

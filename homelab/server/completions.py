@@ -61,9 +61,8 @@ async def _prepare_all(
     check_choices(ctx.config, len(raw_prompts) * req.n)
     prompts = [await _prepare(ctx, raw) for raw in raw_prompts]
     longest = max(len(p.tokens) for p in prompts)
-    max_tokens = max_tokens_for(
-        ctx, req.max_tokens, ctx.config.default_completion_max_tokens, longest
-    )
+    default = ctx.config.default_completion_max_tokens
+    max_tokens = max_tokens_for(ctx, req.max_tokens, default, longest, req.min_tokens)
     n_vocab = ctx.engine.model_info.n_vocab
     knobs = SamplingKnobs.of(req, req.logprobs)
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
+import re
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from homelab.errors import ConfigError
 from homelab.server.auth import KeyRing
+from homelab.server.history import DEFAULT_VOLATILE_PATTERNS, compiled
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -27,8 +33,23 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # exact origins; "*" allows any origin, never credentials
     reasoning_format: str = "auto"  # "auto"/"deepseek": reasoning apart from content; "none"
     enable_thinking: bool | None = None  # default for templates with the switch (None: theirs)
+    # (PATTERN, MODEL): a requested name matching PATTERN (fnmatch: "claude-*") means MODEL
+    aliases: tuple[tuple[str, str], ...] = ()
+    # regexes removed from system messages before rendering (volatile client blocks)
+    volatile_patterns: tuple[str, ...] = DEFAULT_VOLATILE_PATTERNS
+    history_reasoning: bool = True  # render earlier turns' reasoning back (prefix stability)
+    stored_responses: int = 256  # Responses API: kept responses, all tenants together
+    stored_response_bytes: int = 64 * 1024 * 1024  # ... and their bytes (oldest dropped first)
+    stored_response_ttl_s: float = 3600.0  # ... and how long one is kept
 
     def __post_init__(self) -> None:
+        try:
+            compiled(self.volatile_patterns)
+        except re.error as exc:
+            raise ConfigError(
+                f"a strip pattern is not a valid regular expression: {exc}",
+                hint="Check --strip-pattern / strip_patterns (Python `re` syntax).",
+            ) from None
         if self.keys is None and not is_loopback(self.host):
             raise ConfigError(
                 f"serving on {self.host} (beyond this machine) needs API keys.",
@@ -40,7 +61,18 @@ class ServerConfig:
         return is_loopback(self.host)
 
     def accepts_model(self, name: str) -> bool:
+        return self._serves(name) or self._serves(self.resolve_alias(name))
+
+    def _serves(self, name: str) -> bool:
         return name == self.model_id or name in self.model_aliases
+
+    def resolve_alias(self, name: str) -> str:
+        """The model ``name`` stands for: the first alias whose pattern matches it, else
+        ``name`` itself (so clients with their own model names, ``claude-*``, reach ours)."""
+        for pattern, model in self.aliases:
+            if fnmatch.fnmatchcase(name, pattern):
+                return model
+        return name
 
 
 def is_loopback(host: str) -> bool:
@@ -50,3 +82,65 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+SERVE_FILE_NAME = "serve.toml"
+
+
+@dataclass(frozen=True)
+class ServeFile:
+    """What ``serve.toml`` (``homelab serve --config``) sets; the flags add to it.
+
+    ::
+
+        [aliases]                 # PATTERN = MODEL (fnmatch patterns, first match wins)
+        "claude-*" = "qwen3-coder-30b"
+        [prompt]
+        strip_patterns = ['(?m)^Current time: .*$']   # also removed from system messages
+        history_reasoning = true  # render earlier reasoning back (false: drop it)
+    """
+
+    aliases: tuple[tuple[str, str], ...] = ()
+    strip_patterns: tuple[str, ...] = ()
+    history_reasoning: bool = True
+
+
+def parse_alias(text: str) -> tuple[str, str]:
+    """``PATTERN=MODEL`` (``--alias 'claude-*=qwen3'``) as a pair."""
+    pattern, sep, model = text.partition("=")
+    if not sep or not pattern.strip() or not model.strip():
+        raise ConfigError(
+            f"--alias {text!r} is not PATTERN=MODEL.",
+            hint="For example --alias 'claude-*=qwen3-coder' (quote the pattern).",
+        )
+    return pattern.strip(), model.strip()
+
+
+def read_serve_file(path: Path) -> ServeFile:
+    """``serve.toml`` (a missing file is an empty one); errors name the file."""
+    if not path.is_file():
+        return ServeFile()
+    try:
+        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        return _serve_file(document)
+    except (tomllib.TOMLDecodeError, ValueError, TypeError) as exc:
+        raise ConfigError(
+            f"{path} is not a valid serve config: {exc}",
+            hint="See `homelab serve --help` and the README's agent recipes.",
+        ) from None
+
+
+def _serve_file(document: dict[str, Any]) -> ServeFile:
+    aliases = document.get("aliases", {})
+    prompt = document.get("prompt", {})
+    if not isinstance(aliases, dict) or not isinstance(prompt, dict):
+        raise ValueError("[aliases] and [prompt] must be tables")
+    if not all(isinstance(v, str) for v in aliases.values()):
+        raise ValueError("each alias maps a pattern to a model name (a string)")
+    patterns = prompt.get("strip_patterns", [])
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ValueError("prompt.strip_patterns must be a list of strings")
+    keep = prompt.get("history_reasoning", True)
+    if not isinstance(keep, bool):
+        raise ValueError("prompt.history_reasoning must be true or false")
+    return ServeFile(tuple(aliases.items()), tuple(patterns), keep)

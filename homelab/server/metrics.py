@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,15 @@ def _render_engine(out: _Exposition, m: EngineMetrics) -> None:
         out.sample("homelab_engine_requests_total", count, status=status)
     if m.speculation is not None:
         _render_speculation(out, m)
+    if m.step_phases_us is not None:
+        _render_step_phases(out, m.step_phases_us)
+
+
+def _render_step_phases(out: _Exposition, phases_us: Mapping[str, float]) -> None:
+    """Only for an engine that profiles its steps (``HOMELAB_PROFILE_STEPS=1``)."""
+    out.header("homelab_step_phase_seconds", "gauge", "mean seconds per scheduler step, by phase")
+    for phase, micros in phases_us.items():
+        out.sample("homelab_step_phase_seconds", micros / 1e6, phase=phase)
 
 
 def _render_speculation(out: _Exposition, m: EngineMetrics) -> None:

@@ -32,4 +32,24 @@ class ToolCall:
     arguments_json: str  # a JSON object, as text (OpenAI's ``function.arguments``)
 
 
+@dataclass(frozen=True)
+class ToolCallStart:
+    """A call the model has begun to write: its name is known, its arguments follow as
+    :class:`ToolCallArgs` fragments, and the whole :class:`ToolCall` closes it."""
+
+    index: int  # the call's position in the reply (0, 1, ...)
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolCallArgs:
+    """The next fragment of a started call's arguments (JSON text; the fragments of one call
+    concatenate to a JSON object equal to its :attr:`ToolCall.arguments_json`)."""
+
+    index: int
+    fragment: str
+
+
 ReplyPiece = ReasoningDelta | ContentDelta | ToolCall
+StreamPiece = ReplyPiece | ToolCallStart | ToolCallArgs  # what the streaming writers read

@@ -29,6 +29,13 @@ from homelab.engine.grammar import JSON_OBJECT_GRAMMAR, schema_to_grammar
 from homelab.errors import EngineError
 from homelab.server.engine_seam import EngineLike, TemplateLike
 from homelab.server.errors import context_length_exceeded, invalid_request, prompt_too_long
+from homelab.server.history import (
+    stable_messages,
+    wants_object_arguments,
+    wants_thinking_field,
+    with_object_arguments,
+    with_thinking_field,
+)
 from homelab.server.protocol import ChatCompletionRequest, ChatMessage
 from homelab.server.reasoning import THINK_CLOSE, THINK_OPEN, after_thought, thinking_switches
 from homelab.server.replies import ReplyFormat, split_format
@@ -41,7 +48,7 @@ from homelab.server.serving import (
     sampling_params,
     tokenize,
 )
-from homelab.server.tools import forced_call_grammar, uses_tagged_calls
+from homelab.server.tools import ToolSet, detect_tool_format, forced_call_grammar
 
 AnswerFormat = Literal["text", "json_object", "json_schema"]
 NO_TEMPLATE = "This model has no chat template; use /v1/completions."
@@ -111,7 +118,9 @@ async def prepare_chat(
     reply = _reply_format(ctx, inputs, rendered)
     if grammar is not None and reply.opened:  # the reply starts inside <think>: let it think
         grammar = after_thought(grammar)
-    completion_tokens = _completion_budget(ctx, max_tokens, len(rendered.tokens), budget)
+    completion_tokens = _completion_budget(
+        ctx, max_tokens, len(rendered.tokens), budget, knobs.min_tokens
+    )
     n_vocab = ctx.engine.model_info.n_vocab
 
     def sampling_for(index: int, _: Prompt) -> SamplingParams:
@@ -166,8 +175,8 @@ def output_grammar(
             )
         choice = inputs.tool_choice or ""
         only = choice[9:] if choice.startswith("function:") else None
-        tagged = uses_tagged_calls(template.source)
-        return _grammar_or_400(lambda: forced_call_grammar(tools, only, tagged), "tools")
+        tool_format = detect_tool_format(template.source).format
+        return _grammar_or_400(lambda: forced_call_grammar(tools, only, tool_format), "tools")
     if inputs.answer_format == "json_object":
         return JSON_OBJECT_GRAMMAR
     if inputs.answer_format == "json_schema":
@@ -196,7 +205,13 @@ async def _rendered(
         reasoning_effort=inputs.reasoning_effort,
         default_enable_thinking=ctx.config.enable_thinking,
     )
-    base = await render_messages(ctx, template, inputs.messages, tools, switches)
+    config = ctx.config
+    messages = stable_messages(inputs.messages, config.volatile_patterns, config.history_reasoning)
+    if wants_object_arguments(template.source):  # GLM: arguments.items()
+        messages = with_object_arguments(messages)
+    if wants_thinking_field(template.source):  # gpt-oss
+        messages = with_thinking_field(messages)
+    base = await render_messages(ctx, template, messages, tools, switches)
     text = base + inputs.prefill
     tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
     opened = base.rstrip().endswith(THINK_OPEN) and THINK_CLOSE not in inputs.prefill
@@ -212,16 +227,19 @@ def _reply_format(ctx: RequestContext, inputs: ChatInputs, rendered: RenderedCha
         reasoning,
         rendered.text,
         parse_tools=rendered.tools is not None,
+        tool_format=detect_tool_format(rendered.template.source).format,
+        tools=ToolSet.of(rendered.tools),
         stops=inputs.reply_stops,
         opened=rendered.opened and reasoning is not None and reasoning.style == "think",
     )
 
 
 def _completion_budget(
-    ctx: RequestContext, requested: int | None, prompt_tokens: int, budget: Budget
+    ctx: RequestContext, requested: int | None, prompt_tokens: int, budget: Budget, min_tokens: int
 ) -> int:
     if budget == "refuse":
-        return max_tokens_for(ctx, requested, ctx.config.default_max_tokens, prompt_tokens)
+        default = ctx.config.default_max_tokens
+        return max_tokens_for(ctx, requested, default, prompt_tokens, min_tokens)
     n_ctx = ctx.engine.n_ctx_per_slot
     room = n_ctx - prompt_tokens
     if room < 1:
@@ -303,6 +321,9 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
         rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
     if message.tool_call_id is not None:
         rendered["tool_call_id"] = message.tool_call_id
+    reasoning = message.reasoning_content or message.reasoning
+    if reasoning and message.role == "assistant":  # rendered back: the slot holds it
+        rendered["reasoning_content"] = reasoning
     if message.name is not None:
         rendered["name"] = message.name
     return rendered

@@ -89,6 +89,8 @@ class ChatMessage(_Wire):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's thinking, as we returned it
+    reasoning: str | None = None  # the same under the name some clients use (OpenRouter's)
 
     @field_validator("content")
     @classmethod
@@ -221,6 +223,8 @@ class _SamplingRequest(_Wire):
     top_k: int | None = Field(default=None, ge=0, le=INT64_MAX)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    ignore_eos: bool = False  # benchmark clients (vLLM's, llama.cpp's, genai-perf) send it
+    min_tokens: int = Field(default=0, ge=0, le=INT64_MAX)  # vLLM: no end of text before
 
     @field_validator("stop")
     @classmethod

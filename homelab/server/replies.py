@@ -16,10 +16,18 @@ from dataclasses import dataclass, field
 
 from homelab.engine.api import FinishEvent, TokenEvent
 from homelab.server.engine_seam import EngineLike, HandleLike, TemplateLike
-from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.pieces import (
+    ContentDelta,
+    ReasoningDelta,
+    ReplyPiece,
+    StreamPiece,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from homelab.server.reasoning import Part, ReasoningFormat, detect_reasoning
 from homelab.server.serving import ChoiceState
-from homelab.server.tools import ToolCallStream
+from homelab.server.tools import ToolCallStream, ToolFormat, ToolSet
 
 SPLIT_FORMATS = ("auto", "deepseek")  # "none": reasoning stays in the content
 
@@ -87,9 +95,11 @@ class ReplyStream:
         parse_tools: bool = False,
         markers: Mapping[int, str] | None = None,
         stops: Sequence[str] = (),
+        tool_format: ToolFormat | None = None,
+        tools: ToolSet | None = None,
     ) -> None:
         self._splitter = reasoning.splitter(opened) if reasoning else None
-        self._tools = ToolCallStream() if parse_tools else None
+        self._tools = ToolCallStream(tool_format, tools) if parse_tools else None
         self._markers = markers or {}
         self._stops = StopSequences(stops) if stops else None
         self.reasoning_tokens = 0
@@ -99,7 +109,7 @@ class ReplyStream:
         """The stop sequence that ended the reply (only for stops given to this stream)."""
         return self._stops.matched if self._stops else None
 
-    def feed(self, event: TokenEvent) -> list[ReplyPiece]:
+    def feed(self, event: TokenEvent) -> list[StreamPiece]:
         if self.stop_sequence is not None:
             return []
         text = event.text or self._markers.get(event.token_id, "")
@@ -111,14 +121,14 @@ class ReplyStream:
             self.reasoning_tokens += 1
         return self._answer(parts, final=False)
 
-    def finish(self) -> list[ReplyPiece]:
+    def finish(self) -> list[StreamPiece]:
         if self.stop_sequence is not None:
             return []
         parts = self._splitter.finish() if self._splitter else []
         return self._answer(parts, final=True)
 
-    def _answer(self, parts: list[Part], final: bool) -> list[ReplyPiece]:
-        out: list[ReplyPiece] = []
+    def _answer(self, parts: list[Part], final: bool) -> list[StreamPiece]:
+        out: list[StreamPiece] = []
         for part in parts:
             if isinstance(part, ReasoningDelta):
                 out.append(part)
@@ -131,7 +141,7 @@ class ReplyStream:
             out += self._tools.finish() if self._tools else []
         return [p for p in out if not (isinstance(p, ContentDelta | ReasoningDelta) and not p.text)]
 
-    def _to_tools(self, text: str) -> list[ReplyPiece]:
+    def _to_tools(self, text: str) -> list[StreamPiece]:
         if not text:
             return []
         return list(self._tools.feed(text)) if self._tools else [ContentDelta(text)]
@@ -146,6 +156,8 @@ class ReplyFormat:
     parse_tools: bool = False
     markers: Mapping[int, str] = field(default_factory=dict)
     stops: tuple[str, ...] = ()
+    tool_format: ToolFormat | None = None  # None: the generic parser
+    tools: ToolSet = field(default_factory=ToolSet)
 
     @classmethod
     def for_prompt(
@@ -157,15 +169,22 @@ class ReplyFormat:
         parse_tools: bool,
         stops: Sequence[str] = (),
         opened: bool | None = None,
+        tool_format: ToolFormat | None = None,
+        tools: ToolSet | None = None,
     ) -> ReplyFormat:
+        toolset = tools or ToolSet()
         if reasoning is None:
-            return cls(parse_tools=parse_tools, stops=tuple(stops))
+            return cls(
+                parse_tools=parse_tools, stops=tuple(stops), tool_format=tool_format, tools=toolset
+            )
         return cls(
             reasoning,
             reasoning.opened_by(prompt) if opened is None else opened,
             parse_tools,
             marker_ids(engine, reasoning.markers),
             tuple(stops),
+            tool_format,
+            toolset,
         )
 
     def stream(self) -> ReplyStream:
@@ -175,6 +194,8 @@ class ReplyFormat:
             parse_tools=self.parse_tools,
             markers=self.markers,
             stops=self.stops,
+            tool_format=self.tool_format,
+            tools=self.tools,
         )
 
     def choices(
@@ -191,22 +212,27 @@ class ReplyFormat:
 class ParsedChoice(ChoiceState):
     reply: ReplyStream = field(default_factory=ReplyStream)
     on_stop: Callable[[], None] | None = None
-    output: list[ReplyPiece] = field(default_factory=list)
+    output: list[ReplyPiece] = field(default_factory=list)  # settled: no partial calls
+    streamed: list[StreamPiece] = field(default_factory=list)  # with call starts, fragments
     _taken: int = 0
 
     def add(self, event: TokenEvent | FinishEvent) -> None:
         super().add(event)
         if isinstance(event, FinishEvent):
-            self.output += self.reply.finish()
+            self._keep(self.reply.finish())
             return
         stopped_before = self.reply.stop_sequence is not None
-        self.output += self.reply.feed(event)
+        self._keep(self.reply.feed(event))
         if not stopped_before and self.reply.stop_sequence is not None and self.on_stop:
             self.on_stop()
 
-    def take(self) -> list[ReplyPiece]:
-        """Pieces parsed since the last call."""
-        new, self._taken = self.output[self._taken :], len(self.output)
+    def _keep(self, pieces: list[StreamPiece]) -> None:
+        self.streamed += pieces
+        self.output += settled(pieces)
+
+    def take(self) -> list[StreamPiece]:
+        """Pieces parsed since the last call, call starts and argument fragments included."""
+        new, self._taken = self.streamed[self._taken :], len(self.streamed)
         return new
 
     @property
@@ -220,6 +246,11 @@ class ParsedChoice(ChoiceState):
         content = "".join(p.text for p in self.output if isinstance(p, ContentDelta))
         calls = [p for p in self.output if isinstance(p, ToolCall)]
         return reasoning, (content.strip() if calls else content), calls
+
+
+def settled(pieces: Sequence[StreamPiece]) -> list[ReplyPiece]:
+    """The pieces without call starts and argument fragments (each call is also whole)."""
+    return [p for p in pieces if not isinstance(p, ToolCallStart | ToolCallArgs)]
 
 
 def merged_blocks(pieces: Sequence[ReplyPiece]) -> list[ReplyPiece]:

@@ -1,4 +1,4 @@
-"""``POST /v1/responses``: OpenAI's Responses API, stateless, on top of the chat path.
+"""``POST /v1/responses``: OpenAI's Responses API, on top of the chat path.
 
 The request is translated into the chat request it means (:mod:`responses_protocol`), then
 checked, rendered and submitted exactly as ``/v1/chat/completions`` does it (model name,
@@ -9,16 +9,25 @@ cut the output. A reasoning model's thinking (split the way chat's ``reasoning_c
 is, see :mod:`homelab.server.replies`) comes first, as a ``reasoning`` item with
 ``reasoning_text`` content; ``reasoning.effort`` reaches templates that read it.
 ``stream: true`` sends the ``response.*`` events (see :mod:`responses_stream`).
+
+Responses are stored (unless ``store: false``) in the tenant's part of a bounded
+:class:`~homelab.server.response_store.ResponseStore`; ``previous_response_id`` puts the
+stored conversation before the new input. Tools of types other than ``function`` are left
+out with a ``Warning`` header and a log line.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from starlette.responses import Response
 
-from homelab.server.errors import ApiError
+from homelab.server.errors import ApiError, invalid_request
 from homelab.server.prompting import PreparedChat, chat_inputs, prepare_chat
+from homelab.server.response_store import ResponseStore, input_items
 from homelab.server.responses_output import (
     ResponseEcho,
     output_items,
@@ -37,23 +46,67 @@ from homelab.server.serving import (
 )
 from homelab.server.streaming import EventStreamResponse
 
+log = logging.getLogger("homelab.server.responses")
 
-async def create_response(ctx: RequestContext, req: ResponsesRequest) -> Response:
+
+async def create_response(
+    ctx: RequestContext, req: ResponsesRequest, store: ResponseStore | None = None
+) -> Response:
+    """One response; with ``store``, earlier ones continue (``previous_response_id``) and this
+    one is kept unless ``store: false``."""
+    req = _continued(ctx, req, store)
     prepared = await prepare(ctx, req)
     ctx.new_id("resp_")
     handles, submitted = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
     states = prepared.reply.choices(submitted, handles)
-    echo = ResponseEcho(req, prepared.sampling_for(0, prepared.prompt))
+    keep = _keeper(ctx, req, store)
+    echo = ResponseEcho(req, prepared.sampling_for(0, prepared.prompt), keep)
     if req.stream:
-        return EventStreamResponse(response_events(ctx, echo, handles, states))
+        return _warned(req, EventStreamResponse(response_events(ctx, echo, handles, states)))
 
     def body() -> dict[str, object]:
         state = states[0]
         finish = check_finish(state.finish)
         output = output_items(*state.parts())
-        return response_object(ctx, echo, output_status(finish.reason, output), output, state)
+        status = output_status(finish.reason, output)
+        return echo.done(response_object(ctx, echo, status, output, state))
 
-    return await respond(ctx, handles, states, body)
+    return _warned(req, await respond(ctx, handles, states, body))
+
+
+def _continued(
+    ctx: RequestContext, req: ResponsesRequest, store: ResponseStore | None
+) -> ResponsesRequest:
+    """``req`` with the stored conversation it continues put before its input."""
+    if req.previous_response_id is None:
+        return req
+    if store is None:
+        raise invalid_request(
+            "previous_response_id needs stored responses, which this server does not keep.",
+            param="previous_response_id",
+        )
+    earlier = store.get(ctx.tenant.name, req.previous_response_id, param="previous_response_id")
+    return req.model_copy(update={"input": [*earlier.items, *input_items(req.input)]})
+
+
+def _keeper(
+    ctx: RequestContext, req: ResponsesRequest, store: ResponseStore | None
+) -> Callable[[dict[str, Any]], None] | None:
+    if store is None or req.store is False:
+        return None
+    tenant, items = ctx.tenant.name, input_items(req.input)
+    return lambda response: store.put(tenant, response, items)
+
+
+def _warned(req: ResponsesRequest, response: Response) -> Response:
+    """Tools this server cannot run were left out: said in a header and the log, not a 400
+    (Codex offers web_search, local_shell… beside its function tools)."""
+    ignored = req.ignored_tool_types
+    if ignored:
+        message = f"tools of type {', '.join(ignored)} were ignored (function tools only)"
+        log.warning("responses: %s", message)
+        response.headers["Warning"] = f'299 homelab "{message}"'
+    return response
 
 
 async def prepare(ctx: RequestContext, req: ResponsesRequest) -> PreparedChat:

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from homelab.engine.api import SamplingParams
 from homelab.server.pieces import ToolCall
 from homelab.server.replies import ParsedChoice
-from homelab.server.responses_protocol import ResponsesRequest
+from homelab.server.responses_protocol import ResponsesRequest, encoded_reasoning
 from homelab.server.serving import RequestContext, new_id
 
 
@@ -19,6 +20,12 @@ class ResponseEcho:
 
     req: ResponsesRequest
     sampling: SamplingParams
+    on_done: Callable[[dict[str, Any]], None] | None = None  # the finished object (store it)
+
+    def done(self, response: dict[str, Any]) -> dict[str, Any]:
+        if self.on_done is not None and response["status"] != "failed":
+            self.on_done(response)
+        return response
 
 
 # --- output items ---------------------------------------------------------------------------
@@ -45,7 +52,16 @@ def message_item(item_id: str, text: str | None, status: str = "completed") -> d
 
 def reasoning_item(item_id: str, text: str | None, status: str = "completed") -> dict[str, Any]:
     content = [] if text is None else [reasoning_part(text)]
-    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+    item = {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+    return sealed(item) if text is not None and status == "completed" else item
+
+
+def sealed(item: dict[str, Any]) -> dict[str, Any]:
+    """A finished reasoning item with ``encrypted_content``: the reasoning, opaque, for the
+    clients that send back only that field (Codex) — it is rendered back into the prompt."""
+    text = "".join(part["text"] for part in item["content"])
+    item["encrypted_content"] = encoded_reasoning(text)
+    return item
 
 
 def call_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
@@ -115,15 +131,15 @@ def response_object(
         "model": req.model,
         "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": None,
+        "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
-        "store": False,
+        "store": req.store is not False,
         "temperature": sampling.temperature,
         "text": {
             "format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
         },
         "tool_choice": _tool_choice_echo(req.tool_choice),
-        "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or []],
+        "tools": [tool.model_dump(exclude_none=True) for tool in req.function_tools()],
         "top_p": sampling.top_p,
         "truncation": "disabled",
         "usage": response_usage(state) if state is not None else None,

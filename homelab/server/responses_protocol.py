@@ -8,22 +8,33 @@ name, template, tools, JSON-schema grammar, context and token limits, sampling) 
 route's one path. Errors found in translation name the Responses parameter
 (``input[2].content[0].type``).
 
-This server is stateless: it keeps no responses, so ``previous_response_id``, ``store: true``,
-``background: true``, ``conversation``, stored ``prompt`` templates and ``item_reference``
-input items are refused with a 400 that says so. The client sends the whole conversation
-(earlier outputs included) in ``input`` instead.
+Reasoning items in ``input`` open the assistant turn they belong to as its
+``reasoning_content`` (rendered back where the template allows, for the prefix cache).
+``store`` and ``previous_response_id`` are served by :mod:`homelab.server.response_store`
+(per tenant, bounded); ``background: true``, ``conversation``, stored ``prompt`` templates
+and ``item_reference`` input items are refused with a 400 that says so.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 from homelab.server.errors import ApiError, api_error_from_validation, invalid_request
 from homelab.server.protocol import INT64_MAX, MAX_TOOLS, ChatCompletionRequest, _Wire
 
 MAX_METADATA_ENTRIES = 16
+ENCRYPTED_PREFIX = "homelab-reasoning-v1:"
 TEXT_PART_TYPES = frozenset({"input_text", "output_text", "text"})
 InputJson = WithJsonSchema(
     {
@@ -50,7 +61,7 @@ ToolChoiceJson = WithJsonSchema(
     }
 )
 STATELESS = (
-    "this server keeps no responses (it is stateless); send the whole conversation, "
+    "this server keeps responses only for previous_response_id; send the whole conversation, "
     "earlier outputs included, in 'input'"
 )
 
@@ -61,6 +72,14 @@ class FunctionTool(_Wire):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+def _hosted(tool: Any) -> bool:
+    """A tool of a type this server cannot run (``web_search``, ``local_shell``, ``custom``,
+    ``namespace``…): left out of the prompt, with a warning (see responses)."""
+    return (
+        isinstance(tool, dict) and isinstance(tool.get("type"), str) and tool["type"] != "function"
+    )
 
 
 class TextFormat(_Wire):
@@ -95,6 +114,7 @@ class ResponsesRequest(_Wire):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
+    ignored_tool_types: SkipJsonSchema[list[str]] = Field(default=[], exclude=True)  # ours
     tool_choice: Annotated[Any, ToolChoiceJson] = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(default=None, ge=0, le=INT64_MAX)
@@ -104,26 +124,13 @@ class ResponsesRequest(_Wire):
     metadata: dict[str, str] | None = None
     user: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    # what needs stored state: refused (see the module docstring)
-    store: bool | None = None
-    previous_response_id: str | None = None
+    include: list[str] | None = None  # accepted; reasoning items always carry encrypted_content
+    store: bool | None = None  # None: stored, as OpenAI does by default
+    previous_response_id: str | None = Field(default=None, min_length=1, max_length=256)
+    # what needs state this server does not keep: refused (see the module docstring)
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
-
-    @field_validator("store")
-    @classmethod
-    def _no_store(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError(f"store: true is not supported: {STATELESS}")
-        return value
-
-    @field_validator("previous_response_id")
-    @classmethod
-    def _no_previous(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(f"previous_response_id is not supported: {STATELESS}")
-        return value
 
     @field_validator("background")
     @classmethod
@@ -153,6 +160,22 @@ class ResponsesRequest(_Wire):
             raise ValueError(f"at most {MAX_METADATA_ENTRIES} metadata entries are allowed")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _set_hosted_tools_aside(cls, data: Any) -> Any:
+        """Function tools stay; the types of the others are kept to warn about them."""
+        if not isinstance(data, dict):
+            return data
+        tools = data.get("tools")
+        data = {k: v for k, v in data.items() if k != "ignored_tool_types"}
+        if isinstance(tools, list) and any(_hosted(t) for t in tools):
+            data["tools"] = [t for t in tools if not _hosted(t)]
+            data["ignored_tool_types"] = sorted({t["type"] for t in tools if _hosted(t)})
+        return data
+
+    def function_tools(self) -> list[FunctionTool]:
+        return list(self.tools or [])
+
     def format_type(self) -> str:
         fmt = self.text.format if self.text else None
         return fmt.type if fmt else "text"
@@ -172,8 +195,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "tool_choice": tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls,
     }
-    if req.tools:
-        body["tools"] = [chat_tool(tool) for tool in req.tools]
+    if req.function_tools():
+        body["tools"] = [chat_tool(tool) for tool in req.function_tools()]
     fmt = req.text.format if req.text else None
     if fmt is not None:
         body["response_format"] = response_format(fmt)
@@ -225,6 +248,8 @@ def messages(instructions: str | None, value: Any) -> list[dict[str, Any]]:
         raise invalid_request("input must not be an empty list.", param="input")
     for index, item in enumerate(value):
         _add_item(out, item, f"input[{index}]")
+    if out and _reasoning_only(out[-1]):
+        out.pop()  # reasoning that nothing followed: no empty assistant turn
     if not any(m["role"] != "system" for m in out):
         raise invalid_request("input needs at least one message or item.", param="input")
     return out
@@ -235,13 +260,13 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
         raise invalid_request(f"{where} must be an object (an input item).", param=where)
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
-        out.append(_message(item, where))
+        _add_message(out, _message(item, where))
     elif kind == "function_call":
         _add_call(out, item, where)
     elif kind == "function_call_output":
         out.append(_call_output(item, where))
     elif kind == "reasoning":
-        return  # earlier reasoning: chat templates drop it from the prompt too
+        _add_reasoning(out, item)
     elif kind == "item_reference":
         raise invalid_request(f"item_reference is not supported: {STATELESS}.", param=where)
     else:
@@ -250,6 +275,67 @@ def _add_item(out: list[dict[str, Any]], item: Any, where: str) -> None:
             "function_call, function_call_output, reasoning).",
             param=f"{where}.type",
         )
+
+
+def _add_message(out: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """An assistant message after its reasoning item completes that turn."""
+    last = out[-1] if out else None
+    if message["role"] == "assistant" and last is not None and _reasoning_only(last):
+        last["content"] = message["content"]
+        return
+    out.append(message)
+
+
+def _reasoning_only(message: dict[str, Any]) -> bool:
+    return (
+        message["role"] == "assistant" and not message["content"] and not message.get("tool_calls")
+    )
+
+
+def _add_reasoning(out: list[dict[str, Any]], item: dict[str, Any]) -> None:
+    """Earlier reasoning opens the assistant turn it belongs to (its message or calls join
+    it), so a template that renders reasoning back gives the tokens the slot holds."""
+    text = reasoning_text(item)
+    if not text:
+        return
+    out.append({"role": "assistant", "content": "", "reasoning_content": text})
+
+
+def reasoning_text(item: dict[str, Any]) -> str:
+    """A reasoning item's text: its ``reasoning_text`` content, else the ``encrypted_content``
+    this server returned (the reasoning itself, see :func:`encoded_reasoning`), else its
+    summary."""
+    text = _part_texts(item.get("content"), "reasoning_text")
+    if not text and isinstance(item.get("encrypted_content"), str):
+        text = decoded_reasoning(item["encrypted_content"])
+    return text or _part_texts(item.get("summary"), "summary_text")
+
+
+def _part_texts(parts: Any, part_type: str) -> str:
+    if not isinstance(parts, list):
+        return ""
+    return "".join(
+        p["text"]
+        for p in parts
+        if isinstance(p, dict) and p.get("type") == part_type and isinstance(p.get("text"), str)
+    )
+
+
+def encoded_reasoning(text: str) -> str:
+    """What ``include: ["reasoning.encrypted_content"]`` gets: not encrypted (the reasoning is
+    the client's own output) but opaque, so clients that send back only this field (Codex)
+    give the reasoning back for the prompt."""
+    return ENCRYPTED_PREFIX + base64.b64encode(text.encode()).decode("ascii")
+
+
+def decoded_reasoning(value: str) -> str:
+    """The text :func:`encoded_reasoning` made, or "" (another server's encrypted content)."""
+    if not value.startswith(ENCRYPTED_PREFIX):
+        return ""
+    try:
+        return base64.b64decode(value[len(ENCRYPTED_PREFIX) :], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
 
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:

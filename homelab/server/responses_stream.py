@@ -26,7 +26,14 @@ from typing import Any
 
 from homelab.server.engine_seam import HandleLike
 from homelab.server.errors import api_error_from
-from homelab.server.pieces import ContentDelta, ReasoningDelta, ReplyPiece, ToolCall
+from homelab.server.pieces import (
+    ContentDelta,
+    ReasoningDelta,
+    StreamPiece,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallStart,
+)
 from homelab.server.replies import ParsedChoice
 from homelab.server.responses_output import (
     ResponseEcho,
@@ -36,6 +43,7 @@ from homelab.server.responses_output import (
     reasoning_item,
     reasoning_part,
     response_object,
+    sealed,
     text_part,
 )
 from homelab.server.serving import (
@@ -61,6 +69,7 @@ class _Events:
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the message or reasoning item streaming
+        self._calls: dict[int, dict[str, Any]] = {}  # call index -> its function_call item
 
     def event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -106,6 +115,8 @@ class _Events:
         self._open = None
         part = item["content"][0]
         item["status"] = "completed"
+        if item["type"] == "reasoning":
+            sealed(item)
         extra: dict[str, Any] = {"logprobs": []} if item["type"] == "message" else {}
         done_kind = TEXT_KINDS[item["type"]][2]
         return [
@@ -120,45 +131,66 @@ class _Events:
 
     # --- function calls ----------------------------------------------------------------------
 
-    def call(self, call: ToolCall) -> list[bytes]:
+    def call_start(self, start: ToolCallStart) -> list[bytes]:
+        """A function_call item, added as soon as the model has named the tool."""
         chunks = self.close_open()
-        item_id = new_id("fc_")
-        index = len(self.items)
-        done = call_item(item_id, call)
-        self.items.append(done)
-        where = {"item_id": item_id, "output_index": index}
+        item = call_item(new_id("fc_"), ToolCall(start.id, start.name, ""), "in_progress")
+        self.items.append(item)
+        self._calls[start.index] = item
+        added = self.event(
+            "response.output_item.added", output_index=len(self.items) - 1, item=item
+        )
+        return [*chunks, added]
+
+    def call_args(self, fragment: ToolCallArgs) -> list[bytes]:
+        item = self._calls[fragment.index]
+        item["arguments"] += fragment.fragment
+        where = {"item_id": item["id"], "output_index": self.items.index(item)}
         return [
-            *chunks,
-            self.event(
-                "response.output_item.added",
-                output_index=index,
-                item=call_item(item_id, call, status="in_progress"),
-            ),
-            self.event("response.function_call_arguments.delta", **where, delta=done["arguments"]),
+            self.event("response.function_call_arguments.delta", **where, delta=fragment.fragment)
+        ]
+
+    def call_done(self, call: ToolCall) -> list[bytes]:
+        index = next((i for i, item in self._calls.items() if item["call_id"] == call.id), None)
+        if index is None:
+            return []
+        item = self._calls.pop(index)
+        output_index = self.items.index(item)
+        done = call_item(item["id"], call)
+        self.items[output_index] = done
+        where = {"item_id": item["id"], "output_index": output_index}
+        return [
             self.event(
                 "response.function_call_arguments.done",
                 **where,
                 name=call.name,
                 arguments=done["arguments"],
             ),
-            self.event("response.output_item.done", output_index=index, item=done),
+            self.event("response.output_item.done", output_index=output_index, item=done),
         ]
 
-    def pieces(self, pieces: Sequence[ReplyPiece]) -> list[bytes]:
+    def pieces(self, pieces: Sequence[StreamPiece]) -> list[bytes]:
         chunks: list[bytes] = []
         for piece in pieces:
             if isinstance(piece, ReasoningDelta):
                 chunks += self.text("reasoning", piece.text) if piece.text else []
             elif isinstance(piece, ContentDelta):
                 chunks += self.text("message", piece.text) if piece.text else []
+            elif isinstance(piece, ToolCallStart):
+                chunks += self.call_start(piece)
+            elif isinstance(piece, ToolCallArgs):
+                chunks += self.call_args(piece)
             else:
-                chunks += self.call(piece)
+                chunks += self.call_done(piece)
         return chunks
 
     def finish(self) -> list[bytes]:
         """Close what is open; a response without a message or call still gets its (empty)
         message, as the non-streamed response does."""
         chunks = self.close_open()
+        for item in self._calls.values():  # begun, never finished: the model broke off
+            item["status"] = "incomplete"
+        self._calls.clear()
         if not any(item["type"] in ("message", "function_call") for item in self.items):
             chunks += [*self._open_item("message"), *self.close_open()]
         return chunks
@@ -185,7 +217,7 @@ async def response_events(
         for chunk in events.finish():
             yield chunk
         status = output_status(finish.reason, events.items)
-        final = response_object(ctx, echo, status, events.items, state)
+        final = echo.done(response_object(ctx, echo, status, events.items, state))
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         completed = True
         yield events.event(kind, response=final)

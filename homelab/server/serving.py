@@ -145,10 +145,14 @@ def check_token_ids(tokens: Sequence[int], n_vocab: int, param: str) -> None:
 
 
 def max_tokens_for(
-    ctx: RequestContext, requested: int | None, default: int, prompt_tokens: int
+    ctx: RequestContext,
+    requested: int | None,
+    default: int,
+    prompt_tokens: int,
+    min_tokens: int = 0,
 ) -> int:
-    """The completion budget: as requested (within the server's limit) or the default, and
-    always within the context left after the prompt."""
+    """The completion budget: as requested (within the server's limit) or the default (but
+    at least ``min_tokens``), and always within the context left after the prompt."""
     n_ctx = ctx.engine.n_ctx_per_slot
     limit = min(ctx.config.max_tokens_limit or n_ctx, n_ctx)
     if requested is not None and requested > limit:
@@ -157,10 +161,14 @@ def max_tokens_for(
             f"This model supports at most {limit} completion tokens."
         )
         raise invalid_request(message, param="max_tokens")
+    if requested is not None and min_tokens > requested:
+        message = f"min_tokens ({min_tokens}) is larger than max_tokens ({requested})."
+        raise invalid_request(message, param="min_tokens")
     room = n_ctx - prompt_tokens
-    if room < 1 or (requested is not None and requested > room):
-        raise context_length_exceeded(prompt_tokens, requested or 1, n_ctx)
-    return requested if requested is not None else min(default, room)
+    wanted = requested if requested is not None else max(min_tokens, 1)
+    if room < 1 or wanted > room:
+        raise context_length_exceeded(prompt_tokens, wanted, n_ctx)
+    return requested if requested is not None else max(min(default, room), min_tokens)
 
 
 @dataclass(frozen=True)
@@ -178,6 +186,8 @@ class SamplingKnobs:
     logit_bias: Mapping[str, float] | None = None
     stop: tuple[str, ...] = ()  # matched by the engine, never emitted
     logprobs: int | None = None  # None: off; N: the chosen token's and the top N
+    ignore_eos: bool = False  # generate to max_tokens: end-of-text is never sampled
+    min_tokens: int = 0  # end-of-text is not sampled before this many tokens
 
     @classmethod
     def of(cls, req: _SamplingRequest, logprobs: int | None = None) -> SamplingKnobs:
@@ -194,6 +204,8 @@ class SamplingKnobs:
             logit_bias=req.logit_bias,
             stop=req.stop_strings(),
             logprobs=logprobs,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
         )
 
 
@@ -221,6 +233,8 @@ def sampling_params(
         stop=knobs.stop,
         logprobs=knobs.logprobs,
         grammar=grammar,
+        ignore_eos=knobs.ignore_eos,
+        min_tokens=knobs.min_tokens,
     )
 
 

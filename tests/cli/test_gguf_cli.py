@@ -140,7 +140,7 @@ def test_inspect_human_output(capsys: pytest.CaptureFixture[str]) -> None:
     lines = {row[0]: row[1] for row in rows if len(row) == 2}
     assert lines["MLA"].startswith("KV LoRA rank 64")
     assert lines["experts"] == "4 routed (2 used), 1 shared"
-    assert lines["chat template"] == "yes"
+    assert lines["chat template"] == "yes (tool calls: hermes)"  # the detected format
     assert "parameters" in lines and "tensors" in lines
 
 

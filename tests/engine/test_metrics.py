@@ -39,7 +39,7 @@ def test_subscribers_get_snapshots_at_their_rate_while_idle_and_busy(
     time.sleep(0.15)
     assert len(seen) == count  # unsubscribed: nothing more
     assert 2 <= idle_count <= 9
-    assert {name for _, _, name in seen} == {"homelab-engine"}
+    assert {name for _, _, name in seen} == {"llama.cpp compute lane"}
     gaps = [b - a for (a, _, _), (b, _, _) in itertools.pairwise(seen)]
     assert max(gaps) < 0.5  # steady, even while decoding
     assert any(m.active_slots == 2 and m.decode_tok_s > 0 for m in busy_snapshots)

@@ -25,7 +25,7 @@ from homelab.server.reasoning import (
     split_think_text,
     thinking_switches,
 )
-from homelab.server.replies import ReplyStream, StopSequences, merged_blocks
+from homelab.server.replies import ReplyStream, StopSequences, merged_blocks, settled
 
 HARMONY_TEMPLATE = (
     "{% for m in messages %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endfor %}"
@@ -152,7 +152,7 @@ def test_tool_call_after_reasoning_is_parsed() -> None:
     for chunks in ([reply], list(reply)):
         stream = ReplyStream(ReasoningFormat("think"), parse_tools=True)
         pieces = merged_blocks(
-            [p for c in chunks for p in stream.feed(TokenEvent(c, 0))] + stream.finish()
+            settled([p for c in chunks for p in stream.feed(TokenEvent(c, 0))] + stream.finish())
         )
         assert [type(p).__name__ for p in pieces] == ["ReasoningDelta", "ToolCall"]
         assert isinstance(pieces[1], ToolCall) and pieces[1].name == "get_weather"

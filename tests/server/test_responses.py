@@ -1,6 +1,6 @@
 """``POST /v1/responses`` with the official ``openai`` SDK, unmodified, against the session's
 real server (tiny demo llama): plain, streamed, function tools, json_schema, and what a
-stateless server refuses."""
+server refuses."""
 
 from __future__ import annotations
 
@@ -210,15 +210,14 @@ def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"previous_response_id": "resp_123"}, "previous_response_id"),
-        ({"store": True}, "store"),
         ({"background": True}, "background"),
+        ({"conversation": "conv_1"}, "conversation"),
     ],
 )
 def test_stateful_features_are_refused_clearly(
     client: openai.OpenAI, fields: dict[str, Any], param: str
 ) -> None:
-    with pytest.raises(openai.BadRequestError, match="stateless") as raised:
+    with pytest.raises(openai.BadRequestError, match="not supported") as raised:
         client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=2, **fields)
     assert raised.value.param == param
     assert client.responses.create(model=MODEL_ID, input="hi", max_output_tokens=2, store=False)

@@ -56,9 +56,8 @@ def deep_tool(depth: int) -> dict[str, Any]:
 
 CASES = [
     # --- what needs stored state
-    Case("previous_response_id", "previous_response_id", "invalid_value",
-         resp(previous_response_id="resp_abc"), live=True),
-    Case("store true", "store", "invalid_value", resp(store=True), live=True),
+    Case("unknown previous_response_id", "previous_response_id", "response_not_found",
+         resp(previous_response_id="resp_abc"), status=404, live=True),
     Case("background", "background", "invalid_value", resp(background=True)),
     Case("conversation", "conversation", "invalid_value", resp(conversation="conv_1")),
     Case("stored prompt", "prompt", "invalid_value", resp(prompt={"id": "pmpt_1"})),
@@ -104,8 +103,8 @@ CASES = [
     Case("tool schema 200 deep", None, "invalid_json", resp(tools=[deep_tool(200)]), live=True),
     Case("forced tool schema 30 deep", "tools", "invalid_value",
          resp(tools=[deep_tool(30)], tool_choice="required"), live=True),
-    Case("hosted tool", "tools[0].type", "invalid_value",
-         resp(tools=[{"type": "web_search"}])),
+    Case("tool without a type", "tools[0].type", "missing_required_parameter",
+         resp(tools=[{"name": "web_search"}])),
     Case("bad tool name", "tools[0].name", "invalid_value",
          resp(tools=[{"type": "function", "name": "no spaces"}])),
     Case("too many tools", "tools", "invalid_value", resp(tools=[TOOL] * 129)),
@@ -167,7 +166,7 @@ async def test_fast_tier_output_and_stream_shapes(fast_app: FastAPI) -> None:
     """The fake engine always stops on length: incomplete, with the reason, streamed too."""
     body = (await post(fast_app, resp(max_output_tokens=3))).json()
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert body["usage"]["output_tokens"] == 3 and body["store"] is False
+    assert body["usage"]["output_tokens"] == 3 and body["store"] is True
     stream = await post(fast_app, resp(max_output_tokens=3, stream=True))
     events = [line[7:] for line in stream.text.splitlines() if line.startswith("event: ")]
     assert events[0] == "response.created" and events[-1] == "response.incomplete"

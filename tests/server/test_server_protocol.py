@@ -151,9 +151,12 @@ def test_forced_call_grammar_wraps_the_schema() -> None:
             },
         }
     ]
-    grammar = forced_call_grammar(tools, None, tagged=True)
-    assert grammar.startswith('root ::= "<tool_call>"') and "homelab-tool-call ::=" in grammar
-    assert forced_call_grammar(tools, "f", tagged=False).startswith("root ::= homelab-tool-call")
+    grammar = forced_call_grammar(tools, None, True)
+    assert (
+        grammar.startswith('root ::= ( "<tool_call>\\n{\\"name\\": \\"f\\"')
+        and "t0-root ::=" in grammar
+    )
+    assert forced_call_grammar(tools, "f", False).startswith('root ::= ( "{\\"name\\": \\"f\\"')
 
 
 def test_metrics_show_speculation_only_for_an_engine_that_speculates() -> None:

@@ -77,9 +77,11 @@ def test_tool_calls_stream_as_deltas(client: openai.OpenAI) -> None:
     )  # type: ignore[list-item]
     chunks = [c for c in stream if c.choices]
     deltas = [d for c in chunks for d in c.choices[0].delta.tool_calls or []]
-    assert len(deltas) == 1 and deltas[0].index == 0
-    assert deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
-    assert "city" in json.loads(deltas[0].function.arguments or "")  # type: ignore[union-attr]
+    assert {d.index for d in deltas} == {0} and len(deltas) > 1  # the arguments, in fragments
+    assert deltas[0].id and deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert not any(d.id or d.function.name for d in deltas[1:])  # type: ignore[union-attr]
+    arguments = "".join(d.function.arguments or "" for d in deltas)  # type: ignore[union-attr]
+    assert "city" in json.loads(arguments)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert "<tool_call>" not in "".join(c.choices[0].delta.content or "" for c in chunks)
 

@@ -1,20 +1,38 @@
-"""Tool calls: parsing them from what the model writes (whole or streamed) and forcing them.
+"""Tool calls: which syntax a model writes, parsing it (whole or streamed), forcing a call.
 
+Layers, top to bottom (the import-linter contract "homelab.server.tools layers"):
+
+- :mod:`grammar`: ``tool_choice`` required / named -> a GBNF grammar in the model's syntax;
 - :mod:`calls`: a finished message -> content + :class:`~homelab.server.pieces.ToolCall` items;
-- :mod:`stream`: text arriving token by token -> content deltas and whole calls;
-- :mod:`grammar`: ``tool_choice`` required / named -> a GBNF grammar.
+- :mod:`stream`: text arriving token by token -> content, call starts, argument fragments,
+  whole calls;
+- :mod:`detect`: the chat template -> the model's format (the registry of families);
+- :mod:`json_forms`, :mod:`xml_forms`: one parser per family shape;
+- :mod:`formats`: what a format offers the stream (markers, a region scanner);
+- :mod:`scan`, :mod:`toolset`: shared scanners; the offered tools and their parameter types.
 """
 
-from homelab.server.pieces import ContentDelta, ToolCall
+from homelab.server.pieces import ContentDelta, ToolCall, ToolCallArgs, ToolCallStart
 from homelab.server.tools.calls import parse_tool_calls
+from homelab.server.tools.detect import FORMATS, GENERIC, Detected, detect_tool_format
+from homelab.server.tools.formats import ToolFormat
 from homelab.server.tools.grammar import forced_call_grammar, uses_tagged_calls
 from homelab.server.tools.stream import Piece, ToolCallStream, split_tool_calls
+from homelab.server.tools.toolset import ToolSet
 
 __all__ = [
+    "FORMATS",
+    "GENERIC",
     "ContentDelta",
+    "Detected",
     "Piece",
     "ToolCall",
+    "ToolCallArgs",
+    "ToolCallStart",
     "ToolCallStream",
+    "ToolFormat",
+    "ToolSet",
+    "detect_tool_format",
     "forced_call_grammar",
     "parse_tool_calls",
     "split_tool_calls",

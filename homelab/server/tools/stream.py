@@ -1,106 +1,171 @@
-"""Finding tool calls in streamed output.
+"""Tool calls found in text as it arrives, in any registered format.
 
-Two output forms are understood (parsing itself is
-:func:`homelab.server.tools.calls.parse_tool_calls`):
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen, Hermes), and a
-message that is nothing but ``{"name": ..., "parameters": {...}}`` objects (Llama 3.x).
+:class:`ToolCallStream` is fed the answer text token by token. Outside a call it releases
+everything except a suffix that could still become the format's opening marker (the longest
+marker prefix, no more). From an opening marker on it holds a *region* and asks the format
+to scan it each time it grows: a call whose name is known becomes a
+:class:`~homelab.server.pieces.ToolCallStart`, the growth of its arguments
+:class:`~homelab.server.pieces.ToolCallArgs` fragments, and the end of the region one whole
+:class:`~homelab.server.pieces.ToolCall` per call. A region that turns out not to be a call
+(bad JSON, a tool that was not offered, text the format does not allow) is handed back as
+content, so nothing the model did not write becomes a call.
 
-:class:`ToolCallStream` turns text arriving token by token into content deltas and whole
-tool calls: it releases text that cannot be the start of a ``<tool_call>`` block, buffers a
-block until it closes, and buffers a message that *starts* with ``{`` to the end (it may be a
-Llama 3 call).
+Re-scanning a region costs its length; a region over 512 characters is re-scanned only once
+it has grown by a sixteenth, which keeps hostile output (10,000 nested brackets) cheap.
 """
 
 from __future__ import annotations
 
-from homelab.server.pieces import ContentDelta, ToolCall
-from homelab.server.tools.calls import parse_tool_calls
+import json
+import logging
+import secrets
+
+from homelab.server.pieces import ContentDelta, StreamPiece, ToolCall, ToolCallArgs, ToolCallStart
+from homelab.server.tools.detect import GENERIC
+from homelab.server.tools.formats import PartialCall, Scan, ToolFormat
+from homelab.server.tools.scan import Malformed, could_become, held_suffix
+from homelab.server.tools.toolset import ToolSet
+
+log = logging.getLogger(__name__)
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
+Piece = StreamPiece
 
-Piece = ContentDelta | ToolCall
+
+def new_call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
 
 
 class ToolCallStream:
-    def __init__(self) -> None:
+    def __init__(self, tool_format: ToolFormat | None = None, tools: ToolSet | None = None):
+        self._format = tool_format or GENERIC
+        self._tools = tools or ToolSet()
         self._buffer = ""
-        self._mode = "start"  # start -> content <-> call, or start -> whole (Llama 3 JSON)
+        self._in_region = False
+        self._at_start = bool(self._format.at_start)  # nothing but whitespace released yet
+        self._index = 0  # calls finished in earlier regions
+        self._sent: list[tuple[str, str]] = []  # (id, arguments text sent) per started call
+        self._scanned = 0
 
-    def feed(self, text: str) -> list[Piece]:
+    def feed(self, text: str) -> list[StreamPiece]:
         self._buffer += text
-        return self._drain()
+        return self._drain(final=False)
 
-    def finish(self) -> list[Piece]:
-        pieces: list[Piece] = []
-        buffer, self._buffer = self._buffer, ""
-        if self._mode == "whole":
-            content, calls = parse_tool_calls(buffer)
-            pieces = [ContentDelta(content)] if content else []
-            return [*pieces, *calls]
-        if self._mode == "call":
-            return self._parse_block(OPEN_TAG + buffer + CLOSE_TAG, fallback=OPEN_TAG + buffer)
-        return [ContentDelta(buffer)] if buffer else []
+    def finish(self) -> list[StreamPiece]:
+        pieces = self._drain(final=True)
+        if self._buffer:  # an unfinished region the format could not close
+            pieces.append(ContentDelta(self._buffer))
+            self._buffer = ""
+        return pieces
 
-    def _drain(self) -> list[Piece]:
-        if self._mode == "start":
-            self._choose_mode()
-        pieces: list[Piece] = []
-        while self._mode in ("content", "call"):
-            produced = self._step_content() if self._mode == "content" else self._step_call()
-            if produced is None:  # needs more text
-                break
-            pieces += produced
-        return [p for p in pieces if not (isinstance(p, ContentDelta) and not p.text)]
+    def _drain(self, final: bool) -> list[StreamPiece]:
+        pieces: list[StreamPiece] = []
+        while True:
+            step = self._region_step(final) if self._in_region else self._content_step(final)
+            if step is None:
+                return [p for p in pieces if not (isinstance(p, ContentDelta) and not p.text)]
+            pieces += step
 
-    def _choose_mode(self) -> None:
-        head = self._buffer.lstrip()
-        if not head:
-            return
-        if head.startswith("{") or head.startswith(PYTHON_TAG):
-            self._mode = "whole"
-        elif PYTHON_TAG.startswith(head) and len(head) < len(PYTHON_TAG):
-            return  # could still become the python tag
-        else:
-            self._mode = "content"
+    # --- outside calls -----------------------------------------------------------------------
 
-    def _step_content(self) -> list[Piece] | None:
-        at = self._buffer.find(OPEN_TAG)
-        if at >= 0:
-            before, self._buffer = self._buffer[:at], self._buffer[at + len(OPEN_TAG) :]
-            self._mode = "call"
-            return [ContentDelta(before)]
-        keep = _longest_prefix_suffix(self._buffer, OPEN_TAG)
+    def _content_step(self, final: bool) -> list[StreamPiece] | None:
+        if not self._buffer:
+            return None
+        if self._at_start:
+            return self._start_step(final)
+        found = [(at, m) for m in self._format.openers if (at := self._buffer.find(m)) >= 0]
+        if found:
+            at = min(found)[0]
+            return self._enter(at)
+        keep = 0 if final else held_suffix(self._buffer, self._format.openers)
         cut = len(self._buffer) - keep
         released, self._buffer = self._buffer[:cut], self._buffer[cut:]
         return [ContentDelta(released)] if released else None
 
-    def _step_call(self) -> list[Piece] | None:
-        at = self._buffer.find(CLOSE_TAG)
-        if at < 0:
+    def _start_step(self, final: bool) -> list[StreamPiece] | None:
+        """The reply's first text: it may open a call only allowed there (Llama 3 JSON)."""
+        head = self._buffer.lstrip()
+        if any(head.startswith(m) for m in self._format.at_start):
+            self._buffer = head
+            return self._enter(0)
+        if not final and (not head or could_become(head, self._format.at_start)):
             return None
-        block = OPEN_TAG + self._buffer[: at + len(CLOSE_TAG)]
-        self._buffer = self._buffer[at + len(CLOSE_TAG) :]
-        self._mode = "content"
-        return self._parse_block(block, fallback=block)
+        self._at_start = False
+        return []
 
-    @staticmethod
-    def _parse_block(block: str, fallback: str) -> list[Piece]:
-        _, calls = parse_tool_calls(block)
-        return list(calls) if calls else [ContentDelta(fallback)]
+    def _enter(self, at: int) -> list[StreamPiece]:
+        before, self._buffer = self._buffer[:at], self._buffer[at:]
+        self._in_region, self._at_start, self._scanned, self._sent = True, False, 0, []
+        return [ContentDelta(before)]
+
+    # --- inside a region -----------------------------------------------------------------------
+
+    def _region_step(self, final: bool) -> list[StreamPiece] | None:
+        grown = len(self._buffer) - self._scanned
+        if not final and grown < max(1, (self._scanned - 512) // 16):
+            return None
+        self._scanned = len(self._buffer)
+        scan = self._scan(final)
+        if scan.failed:
+            return self._give_up(scan)
+        pieces = self._deltas(scan.calls)
+        if scan.end is None:
+            if final:  # the format neither closed nor refused: not a call
+                return [*pieces, *self._give_up(Scan(scan.calls, failed="not closed"))]
+            return pieces or None
+        return [*pieces, *self._close(scan.calls, scan.end)]
+
+    def _scan(self, final: bool) -> Scan:
+        try:
+            return self._format.scan(self._buffer, final, self._tools)
+        except (Malformed, RecursionError) as exc:
+            return Scan(failed=str(exc) or type(exc).__name__)
+
+    def _deltas(self, calls: list[PartialCall]) -> list[StreamPiece]:
+        pieces: list[StreamPiece] = []
+        for number, call in enumerate(calls):
+            if not call.name:
+                break
+            if number == len(self._sent):
+                self._sent.append((new_call_id(), ""))
+                pieces.append(ToolCallStart(self._index + number, self._sent[-1][0], call.name))
+            call_id, sent = self._sent[number]
+            if len(call.args) > len(sent) and call.args.startswith(sent):
+                pieces.append(ToolCallArgs(self._index + number, call.args[len(sent) :]))
+                self._sent[number] = (call_id, call.args)
+        return pieces
+
+    def _close(self, calls: list[PartialCall], end: int) -> list[StreamPiece]:
+        done = [c for c in calls if c.arguments is not None and c.name]
+        pieces = self._deltas(done)
+        for number, call in enumerate(done):
+            arguments = json.dumps(call.arguments, ensure_ascii=False)
+            pieces.append(ToolCall(self._sent[number][0], call.name, arguments))
+        self._index += len(done)
+        self._buffer, self._in_region, self._sent = self._buffer[end:], False, []
+        return pieces
+
+    def _give_up(self, scan: Scan) -> list[StreamPiece]:
+        """The region is not a call after all: its text goes back to the content (from the
+        marker on, when no call was started, so a later marker is still found)."""
+        log.debug("not a tool call (%s): %.80r", scan.failed, self._buffer)
+        self._in_region = False
+        if self._sent:  # the stream already showed a call start: the client sees it unfinished
+            log.warning("a tool call the model began is malformed (%s)", scan.failed)
+            text, self._buffer, self._sent = self._buffer, "", []
+            return [ContentDelta(text)]
+        marker = next((m for m in self._format.markers() if self._buffer.startswith(m)), "")
+        cut = max(1, len(marker))
+        text, self._buffer = self._buffer[:cut], self._buffer[cut:]
+        return [ContentDelta(text)]
 
 
-def _longest_prefix_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for length in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-length:]):
-            return length
-    return 0
-
-
-def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
-    """A finished message as (content, calls), the same way the stream would split it."""
-    stream = ToolCallStream()
+def split_tool_calls(
+    text: str, tool_format: ToolFormat | None = None, tools: ToolSet | None = None
+) -> tuple[str, list[ToolCall]]:
+    """A finished message as (content, calls), the same way the stream splits it."""
+    stream = ToolCallStream(tool_format, tools)
     pieces = stream.feed(text) + stream.finish()
     content = "".join(p.text for p in pieces if isinstance(p, ContentDelta))
     calls = [p for p in pieces if isinstance(p, ToolCall)]
