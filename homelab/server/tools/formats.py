@@ -105,6 +105,32 @@ def scan_calls(
         return Scan(calls, failed=f"unexpected text in a call: {region[at : at + 30]!r}")
 
 
+class MarkedCalls(ToolFormat):
+    """Calls that each open with ``call_open``, alone or inside a ``section`` (its opening
+    marker and its close, None when other text ends it); a subclass reads one call
+    (:meth:`read_call`: the call from just after ``call_open``, and where it ended)."""
+
+    call_open: str
+    section: tuple[str, str | None] | None
+
+    def __post_init__(self) -> None:
+        self.openers = (self.section[0] if self.section else self.call_open,)
+
+    def scan(self, region: str, final: bool, tools: ToolSet) -> Scan:
+        def read(text: str, pos: int) -> tuple[PartialCall | None, int | None]:
+            return self.read_call(text, pos, tools)
+
+        if self.section is None:
+            return scan_calls(region, 0, final, self.call_open, None, read, sectioned=False)
+        opener, close = self.section
+        return scan_calls(region, len(opener), final, self.call_open, close, read, sectioned=True)
+
+    def read_call(
+        self, text: str, pos: int, tools: ToolSet
+    ) -> tuple[PartialCall | None, int | None]:
+        raise NotImplementedError
+
+
 def require_name(name: str, tools: ToolSet) -> str:
     """A called tool's name, if it was offered (a call to anything else is not a call)."""
     if not tools.offers(name):

@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from homelab.server.tools.formats import (
+    MarkedCalls,
     PartialCall,
     Scan,
     ToolFormat,
     name_until,
     require_name,
     require_object,
-    scan_calls,
 )
 from homelab.server.tools.scan import (
     Malformed,
@@ -168,7 +168,7 @@ def _arguments(value: object) -> dict[str, object]:
 
 
 @dataclass
-class NamedJson(ToolFormat):
+class NamedJson(MarkedCalls):
     """``call_open NAME name_end {json} close`` calls, alone or in a section."""
 
     name: str
@@ -179,19 +179,9 @@ class NamedJson(ToolFormat):
     skip_to: str | None = None  # Solar: an id comes first, then this marker, then the name
     clean: Callable[[str], str] = str.strip
 
-    def __post_init__(self) -> None:
-        self.openers = (self.section[0] if self.section else self.call_open,)
-
-    def scan(self, region: str, final: bool, tools: ToolSet) -> Scan:
-        def read(text: str, pos: int) -> tuple[PartialCall | None, int | None]:
-            return self._call(text, pos, tools)
-
-        if self.section is None:
-            return scan_calls(region, 0, final, self.call_open, None, read, sectioned=False)
-        opener, close = self.section
-        return scan_calls(region, len(opener), final, self.call_open, close, read, sectioned=True)
-
-    def _call(self, text: str, pos: int, tools: ToolSet) -> tuple[PartialCall | None, int | None]:
+    def read_call(
+        self, text: str, pos: int, tools: ToolSet
+    ) -> tuple[PartialCall | None, int | None]:
         if self.skip_to:
             found = name_until(text, pos, (self.skip_to,))
             if found is None:

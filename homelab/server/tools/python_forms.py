@@ -27,9 +27,10 @@ from homelab.server.tools.toolset import ToolSet
 MAX_CHARS = 100_000
 
 
-@dataclass
-class PythonCalls(ToolFormat):
-    name: str
+class ReadWhenClosed(ToolFormat):
+    """A region between ``opener`` and ``close``, read whole once the close has come (its
+    arguments arrive in one fragment); :meth:`read` turns the body into calls."""
+
     opener: str
     close: str
 
@@ -40,9 +41,21 @@ class PythonCalls(ToolFormat):
         end = region.find(self.close, len(self.opener))
         if end < 0:
             too_long = len(region) > MAX_CHARS
-            return Scan(failed="the calls are not closed" if final or too_long else None)
-        calls = [_call(node, tools) for node in _call_nodes(region[len(self.opener) : end])]
-        return Scan(calls, end=end + len(self.close))
+            return Scan(failed="the call region is not closed" if final or too_long else None)
+        return Scan(self.read(region[len(self.opener) : end], tools), end=end + len(self.close))
+
+    def read(self, body: str, tools: ToolSet) -> list[PartialCall]:
+        raise NotImplementedError
+
+
+@dataclass
+class PythonCalls(ReadWhenClosed):
+    name: str
+    opener: str
+    close: str
+
+    def read(self, body: str, tools: ToolSet) -> list[PartialCall]:
+        return [_call(node, tools) for node in _call_nodes(body)]
 
 
 def _call_nodes(body: str) -> list[ast.Call]:
@@ -129,7 +142,7 @@ _GEMMA_WORDS = {"True": "true", "False": "false", "None": "null"}
 
 
 @dataclass
-class GemmaCalls(ToolFormat):
+class GemmaCalls(ReadWhenClosed):
     """Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`` — bare keys,
     text quoted by ``<|"|>``; read whole when the call closes."""
 
@@ -137,15 +150,8 @@ class GemmaCalls(ToolFormat):
     opener: str = "<|tool_call>"
     close: str = "<tool_call|>"
 
-    def __post_init__(self) -> None:
-        self.openers = (self.opener,)
-
-    def scan(self, region: str, final: bool, tools: ToolSet) -> Scan:
-        end = region.find(self.close, len(self.opener))
-        if end < 0:
-            too_long = len(region) > MAX_CHARS
-            return Scan(failed="the call is not closed" if final or too_long else None)
-        body = region[len(self.opener) : end].strip()
+    def read(self, body: str, tools: ToolSet) -> list[PartialCall]:
+        body = body.strip()
         if not body.startswith("call:") or "{" not in body:
             raise Malformed("not a Gemma call")
         name, arguments = body[5:].split("{", 1)
@@ -153,7 +159,7 @@ class GemmaCalls(ToolFormat):
         value = read_json(_gemma_json("{" + arguments))
         call.arguments = require_object(value)
         call.args = json.dumps(call.arguments, ensure_ascii=False)
-        return Scan([call], end=end + len(self.close))
+        return [call]
 
 
 def _gemma_json(text: str) -> str:

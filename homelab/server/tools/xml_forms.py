@@ -16,12 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from homelab.server.tools.formats import (
+    MarkedCalls,
     PartialCall,
-    Scan,
-    ToolFormat,
     name_until,
     require_name,
-    scan_calls,
 )
 from homelab.server.tools.scan import (
     Malformed,
@@ -36,7 +34,7 @@ _CDATA = "<![CDATA["
 
 
 @dataclass
-class TaggedArgs(ToolFormat):
+class TaggedArgs(MarkedCalls):
     """One family's tags: ``call_open NAME name_end`` then, per parameter,
     ``key_open KEY key_end value_open VALUE value_close``, then ``call_close`` — alone or
     inside a ``section`` (see the module docstring for the shapes)."""
@@ -55,19 +53,9 @@ class TaggedArgs(ToolFormat):
     json_ends: tuple[str, ...] = ()  # key ends that say "this value is JSON"
     cdata: bool = False  # MiniCPM wraps text with markup in <![CDATA[...]]>
 
-    def __post_init__(self) -> None:
-        self.openers = (self.section[0] if self.section else self.call_open,)
-
-    def scan(self, region: str, final: bool, tools: ToolSet) -> Scan:
-        def read(text: str, pos: int) -> tuple[PartialCall | None, int | None]:
-            return self._call(text, pos, tools)
-
-        if self.section is None:
-            return scan_calls(region, 0, final, self.call_open, None, read, sectioned=False)
-        opener, close = self.section
-        return scan_calls(region, len(opener), final, self.call_open, close, read, sectioned=True)
-
-    def _call(self, text: str, pos: int, tools: ToolSet) -> tuple[PartialCall | None, int | None]:
+    def read_call(
+        self, text: str, pos: int, tools: ToolSet
+    ) -> tuple[PartialCall | None, int | None]:
         found = name_until(text, pos, self.name_ends)
         if found is None:
             return None, None
