@@ -43,6 +43,11 @@ class Settings:
     # (CUDA only: each matrix split by rows)
     split_mode: str = "layer"
     main_gpu: int = 0
+    # a vision projector (mmproj GGUF) beside the text model: its path ("" none), whether its
+    # weights go to the GPU, and the most tokens one image may take (0: the projector's maximum)
+    mmproj_path: str = ""
+    mmproj_offload: bool = True
+    image_max_tokens: int = 0
 
     def __post_init__(self) -> None:  # lists from JSON (the dry run, records) become tuples
         object.__setattr__(self, "rpc_servers", tuple(self.rpc_servers))
