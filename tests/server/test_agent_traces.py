@@ -46,14 +46,18 @@ TEMPLATES = {  # a name -> the template file in llama.cpp's models/templates
     "hermes-style": "Qwen-Qwen2.5-7B-Instruct.jinja",  # <tool_call> JSON, with or without tools
 }
 # each client on one template (every template covered); HOMELAB_TRACE_MATRIX=1: all pairs
-PAIRS = [("claude_code", "qwen3"), ("codex", "glm"), ("opencode", "hermes-style"),
-         ("openwebui", "hermes-style")]  # fmt: skip
+PAIRS = [("claude_code", "qwen3"), ("codex", "glm"), ("codex", "gpt-oss"),
+         ("opencode", "hermes-style"), ("openwebui", "hermes-style")]  # fmt: skip
 if os.environ.get("HOMELAB_TRACE_MATRIX") == "1":
     PAIRS = [(client, template) for client in CLIENTS for template in TEMPLATES]
 MODEL = "local"
 ALIASES = (("claude-*", MODEL), ("gpt-*", MODEL), ("qwen3-coder", MODEL))
 REPLAY_MAX_TOKENS = 4
 CACHED_SHARE = 0.95
+# gpt-oss renders the traces' tool schemas compactly (~3.3K tokens where Qwen3 takes ~4.4K),
+# so one turn's 150-190 new tokens are ~5 % of its prompt: there, the share is not asserted,
+# only that each turn reuses the whole previous prompt (as it must on every template)
+SHARE_NOT_ASSERTED = {"gpt-oss"}
 N_CTX_PER_SLOT = 8192
 
 
@@ -222,14 +226,18 @@ def test_a_client_session_is_served_and_cached_from_the_second_turn(
 ) -> None:
     use_template(template)
     replies = replay(trace_server, client, key(template, client, "first"))
-    shares = []
+    shares, previous_prompt_tokens = [], 0
     for call, reply in replies:
         assert reply.status == 200, f"{call['name']}: {reply.body}"
         if call.get("turn", 0) >= 2:
             assert reply.prompt_tokens and reply.cached_tokens is not None
             shares.append((call["name"], round(reply.cached_tokens / reply.prompt_tokens, 3)))
+            assert reply.cached_tokens >= previous_prompt_tokens, (call["name"], shares)
+        if call.get("turn", 0) >= 1:
+            previous_prompt_tokens = reply.prompt_tokens or 0
     assert len(shares) >= 6
-    assert all(share >= CACHED_SHARE for _, share in shares), shares
+    if template not in SHARE_NOT_ASSERTED:
+        assert all(share >= CACHED_SHARE for _, share in shares), shares
     if client == "codex":  # tools it cannot run: said, not refused
         turn = next(r for c, r in replies if c.get("turn") == 1)
         assert "web_search" in turn.headers["warning"]

@@ -86,10 +86,13 @@ def serve_args(*extra: str) -> Any:
 def start(two_fit_ram: int) -> Iterator[Callable[..., ServerHandle]]:
     handles: list[ServerHandle] = []
 
-    def make(*extra: str, keep_alive: str = "-1") -> ServerHandle:
+    def make(
+        *extra: str, keep_alive: str = "-1", aliases: tuple[tuple[str, str], ...] = ()
+    ) -> ServerHandle:
         argv = ["--ram", str(two_fit_ram), *PLAN_FLAGS, "--keep-alive", keep_alive, *extra]
         fleet = build_fleet(serve_args(*argv))
-        handle = start_server(None, config=ServerConfig(default_max_tokens=16), fleet=fleet)
+        config = ServerConfig(default_max_tokens=16, aliases=aliases)
+        handle = start_server(None, config=config, fleet=fleet)
         handles.append(handle)
         return handle
 
@@ -410,6 +413,31 @@ def test_every_dialect_serves_the_model_it_names(start: Callable[..., ServerHand
         assert loaded(http) == {a, b}
         missing = http.post("/v1/messages", json={**body, "model": "nope"})
         assert missing.status_code == 404 and missing.json()["type"] == "error"  # Anthropic's
+
+
+def test_an_alias_pattern_reaches_the_fleet_model_it_names(
+    start: Callable[..., ServerHandle],
+) -> None:
+    a, b = name_of("llama"), name_of("qwen3")
+    handle = start(aliases=(("claude-*", b), ("gpt-*", a)))
+    with httpx.Client(base_url=handle.url, timeout=120) as http:
+        body = {"model": "claude-sonnet-4-5", "max_tokens": 4, "messages": PROMPT}
+        message = http.post("/v1/messages", json=body)
+        assert message.status_code == 200, message.text
+        assert loaded(http) == {b}  # only the model the alias names was loaded
+        assert answer(http, "gpt-5-codex")  # the second pattern: the other model
+        assert loaded(http) == {a, b}
+        unmatched = chat(http, "o3-mini")
+        assert unmatched.status_code == 404 and "o3-mini" in unmatched.text
+
+
+def test_an_alias_to_a_model_the_fleet_lacks_stops_serve_before_it_listens() -> None:
+    from homelab.cli.serve import _check_aliases
+    from homelab.errors import ConfigError
+
+    config = ServerConfig(aliases=(("claude-*", "missing-model"),))
+    with pytest.raises(ConfigError, match="serves no model named 'missing-model'"):
+        _check_aliases(config, [name_of("llama")])
 
 
 def test_requests_waiting_for_loads_are_bounded(start: Callable[..., ServerHandle]) -> None:
