@@ -116,6 +116,7 @@ class Engine(Closing):
             loaded.context, vocab, slots, self._meter, config, self.eog_tokens, speculator, profile
         )
         self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
+        self._meter.live_occupancy = lambda: (slots.n_busy, slots.cells_used())
         self._chat_template = self._make_chat_template()
         self._closed = False
         self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
@@ -240,7 +241,7 @@ class Engine(Closing):
         self._check_lengths(prompt, request.sampling.max_tokens)
         chain = SamplerChain(request.sampling, self._vocab, self.n_vocab, self.eog_tokens)
         request_id = request.request_id or f"req-{next(_request_ids)}"
-        handle = RequestHandle(request_id, self._scheduler.wake)
+        handle = RequestHandle(request_id, self._scheduler.cancel_noted)
         stops = request.sampling.stop
         job = Job(
             request=request,

@@ -12,6 +12,7 @@ internals.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -67,16 +68,18 @@ def _rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 and count > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class _Step:
-    """What one scheduler step did, for the rolling rates."""
+BUCKET_S = 0.25  # the rolling window's resolution: steps are summed per bucket, not kept
 
-    time: float
-    prefill: int
-    decode: int  # tokens emitted by generating sequences
-    sequences: int = 0  # generating sequences in the step
-    drafted: int = 0
-    accepted: int = 0
+
+class _Bucket:
+    """What the steps of one ``BUCKET_S`` did, for the rolling rates (a step adds to the
+    open bucket: no allocation per step)."""
+
+    __slots__ = ("accepted", "decode", "drafted", "prefill", "sequences", "start")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.prefill = self.decode = self.sequences = self.drafted = self.accepted = 0
 
 
 @dataclass
@@ -128,7 +131,8 @@ class EngineMeter:
         self.kv_cells_total = kv_cells_total
         self.speculation = speculation
         self._lock = threading.Lock()
-        self._window: deque[_Step] = deque()
+        self._window: deque[_Bucket] = deque()
+        self._bucket_ends = -math.inf  # when the open bucket (the window's last) closes
         self._by_status: Counter[str] = Counter()
         self._subscribers: dict[int, _Subscriber] = {}
         self._next_id = 0
@@ -139,10 +143,10 @@ class EngineMeter:
         self.draft_tokens_total = 0
         self.accepted_draft_tokens_total = 0
         self.last_ttft_s: float | None = None
-        self.active_slots = 0
-        self.queue_depth = 0
-        self.kv_cells_used = 0
-        self.live_queue_depth: Callable[[], int] | None = None  # read at snapshot time
+        # read at snapshot time (not written per step): (busy slots, KV cells used), the queue
+        self.live_occupancy: Callable[[], tuple[int, int]] | None = None
+        self.live_queue_depth: Callable[[], int] | None = None
+        self._earliest_due = math.inf  # the next subscriber's due time (read without the lock)
         self.step_profile: StepProfile | None = None  # set when the engine profiles its steps
 
     # --- written by the scheduler, on the lane -----------------------------------------------
@@ -164,9 +168,19 @@ class EngineMeter:
             self.decode_tokens_total += decode_tokens
             self.draft_tokens_total += drafted
             self.accepted_draft_tokens_total += accepted
-            step = _Step(now, prefill_tokens, decode_tokens, sequences, drafted, accepted)
-            self._window.append(step)
-            self._trim(now)
+            if now >= self._bucket_ends:
+                self._open_bucket(now)
+            bucket = self._window[-1]
+            bucket.prefill += prefill_tokens
+            bucket.decode += decode_tokens
+            bucket.sequences += sequences
+            bucket.drafted += drafted
+            bucket.accepted += accepted
+
+    def _open_bucket(self, now: float) -> None:
+        self._window.append(_Bucket(now))
+        self._bucket_ends = now + BUCKET_S
+        self._trim(now)
 
     def record_first_token(self, ttft_s: float) -> None:
         self.last_ttft_s = ttft_s
@@ -180,16 +194,11 @@ class EngineMeter:
         with self._lock:
             self._by_status["rejected"] += 1
 
-    def set_occupancy(self, active_slots: int, queue_depth: int, kv_cells_used: int) -> None:
-        self.active_slots, self.queue_depth, self.kv_cells_used = (
-            active_slots,
-            queue_depth,
-            kv_cells_used,
-        )
-
     def _trim(self, now: float) -> None:
-        while self._window and self._window[0].time < now - ROLLING_WINDOW_S:
+        while self._window and self._window[0].start < now - ROLLING_WINDOW_S:
             self._window.popleft()
+        if not self._window:
+            self._bucket_ends = -math.inf
 
     # --- read from any thread -------------------------------------------------------------
 
@@ -206,13 +215,14 @@ class EngineMeter:
             by_status = dict(self._by_status)
             requests_total = self.requests_total
             steps = self.steps_total
+        active_slots, kv_cells_used = self.live_occupancy() if self.live_occupancy else (0, 0)
         return EngineMetrics(
             prefill_tok_s=prefill / span if span else 0.0,
             decode_tok_s=decode / span if span else 0.0,
-            active_slots=self.active_slots,
+            active_slots=active_slots,
             n_slots=self.n_slots,
-            queue_depth=self.live_queue_depth() if self.live_queue_depth else self.queue_depth,
-            kv_cells_used=self.kv_cells_used,
+            queue_depth=self.live_queue_depth() if self.live_queue_depth else 0,
+            kv_cells_used=kv_cells_used,
             kv_cells_total=self.kv_cells_total,
             requests_total=requests_total,
             requests_by_status=by_status,
@@ -232,7 +242,7 @@ class EngineMeter:
         """Seconds the rolling rates are averaged over (the window, or less at start)."""
         if not self._window:
             return 0.0
-        return max(min(ROLLING_WINDOW_S, now - self._window[0].time), 0.25)
+        return max(min(ROLLING_WINDOW_S, now - self._window[0].start), 0.25)
 
     # --- subscriptions ---------------------------------------------------------------------
 
@@ -242,24 +252,33 @@ class EngineMeter:
             key = self._next_id
             self._next_id += 1
             self._subscribers[key] = _Subscriber(callback, interval_s, time.perf_counter())
+            self._note_earliest_due()
 
         def unsubscribe() -> None:
             with self._lock:
                 self._subscribers.pop(key, None)
+                self._note_earliest_due()
 
         return unsubscribe
 
+    def _note_earliest_due(self) -> None:  # under the lock
+        dues = [sub.next_due for sub in self._subscribers.values()]
+        self._earliest_due = min(dues) if dues else math.inf
+
     def seconds_until_due(self, now: float) -> float | None:
-        with self._lock:
-            dues = [sub.next_due for sub in self._subscribers.values()]
-        return max(0.0, min(dues) - now) if dues else None
+        earliest = self._earliest_due
+        return None if earliest == math.inf else max(0.0, earliest - now)
 
     def publish_due(self, now: float) -> None:
-        """Called by the engine thread: give each due subscriber the current snapshot."""
+        """Called by the engine thread: give each due subscriber the current snapshot (a
+        float comparison when none is due: this runs every step)."""
+        if now < self._earliest_due:
+            return
         with self._lock:
             due = [sub for sub in self._subscribers.values() if sub.next_due <= now]
             for sub in due:
                 sub.next_due = max(sub.next_due + sub.interval_s, now)
+            self._note_earliest_due()
         if not due:
             return
         snapshot = self.snapshot()

@@ -288,6 +288,7 @@ class Scheduler:
         self._prefilling: list[Job] = []
         self._decoding: list[Job] = []  # in slot order (see _plan_batch)
         self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _lock)
+        self._cancel_noted = False  # a handle was cancelled since the last look
         self._closing = False
         self.failure: str | None = None  # set by fail(): this context can never compute again
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
@@ -331,6 +332,11 @@ class Scheduler:
                     future.set_exception(exc)
 
     def wake(self) -> None:
+        lane.wake()
+
+    def cancel_noted(self) -> None:
+        """A request handle was cancelled (any thread): look for cancellations next step."""
+        self._cancel_noted = True
         lane.wake()
 
     @property
@@ -406,7 +412,6 @@ class Scheduler:
             if self.failure is None:
                 self._meter.publish_due(time.perf_counter())
             return 0.0
-        self._update_occupancy()
         now = time.perf_counter()
         self._meter.publish_due(now)
         due_s = self._meter.seconds_until_due(now)
@@ -446,7 +451,6 @@ class Scheduler:
         parts = self._plan_batch()
         if parts:
             self._decode(parts)
-        self._update_occupancy()
 
     def _profiled_step(self, profile: StepProfile) -> None:
         """``_step``, timed phase by phase (see :class:`~homelab.engine.metrics.StepProfile`)."""
@@ -466,7 +470,6 @@ class Scheduler:
         sampling_before = profile.total("sample")
         if parts:
             self._after_status(parts, status)
-        self._update_occupancy()
         ended = clock()
         sampled = profile.total("sample") - sampling_before
         for phase, seconds in (
@@ -479,12 +482,12 @@ class Scheduler:
             profile.add(phase, seconds)
         profile.step_done()
 
-    def _update_occupancy(self) -> None:
-        self._meter.set_occupancy(self._slots.n_busy, self._n_queued, self._slots.cells_used())
-
     # --- admission and cancellation ------------------------------------------------------
 
     def _drop_cancelled(self) -> None:
+        if not self._cancel_noted:  # a handle sets `cancelled` before it notes it
+            return
+        self._cancel_noted = False
         for job in [*self._decoding, *self._prefilling]:
             if job.handle.cancelled:
                 self._finish(job, "cancelled")
@@ -557,6 +560,8 @@ class Scheduler:
             completes = job.prompt_pos + take == len(job.prompt)
             parts.append(_Part(job, job.n_past, tokens, completes, True))
             budget -= take
+        if not self._prefilling:
+            return parts  # the generating list is kept in slot order
         return sorted(parts, key=lambda part: _seq_id(part.job))  # prefill parts among the rest
 
     @staticmethod
