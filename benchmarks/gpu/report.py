@@ -262,7 +262,13 @@ def serving(data: dict[str, Any]) -> list[str]:
     """The serving benchmarks' own markdown tables, each under its command."""
     found = data.get("serving") or {}
     lines: list[str] = []
-    for name, title in (("server_bench", "homelab serve vs llama-server"), ("ttft", "TTFT")):
+    titles = (
+        ("server_bench", "homelab serve vs llama-server"),
+        ("ttft", "TTFT"),
+        ("sampling", "greedy picks: sampler per sequence vs one argmax"),
+        ("images", "image encode and TTFT, generated vision pairs"),
+    )
+    for name, title in titles:
         bench = found.get(name)
         if bench:
             lines += [

@@ -15,6 +15,7 @@ import sys
 ARCH_CHOICES = ("llama", "qwen3", "gemma3", "moe", "deepseek2", "mamba")
 SIZE_CHOICES = ("tiny", "bench")
 QUANT_CHOICES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
+VISION_CHOICES = ("gemma3", "qwen2vl")  # homelab.gguf.demo_vision.VISION_KINDS
 WARNING = (
     "WARNING: this is a demo model with RANDOM WEIGHTS. It loads and generates, "
     "but its output is meaningless."
@@ -32,6 +33,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quant", choices=QUANT_CHOICES, default="F16", type=str.upper, help="weight type"
     )
+    parser.add_argument(
+        "--vision",
+        choices=VISION_CHOICES,
+        help="a text model with its vision projector (mmproj): gemma3 (a fixed number of "
+        "tokens per image) or qwen2vl (tokens by image size, M-RoPE); --arch is ignored",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite PATH if it exists")
     parser.add_argument(
         "path",
@@ -46,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
     from homelab.gguf.export import copy_model
     from homelab.gguf.reader import read_model
 
+    if args.vision:
+        return _vision(args)
     cached = demo_model_path(args.arch, args.size, args.quant)
     path = copy_model(cached, args.path, force=args.force) if args.path else cached
     info = read_model(path)
@@ -69,5 +78,33 @@ def run(args: argparse.Namespace) -> int:
         f"  {args.arch} {args.size} {args.quant}: {info.n_params:,} parameters, "
         f"{format_mib(info.file_bytes)}"
     )
+    print(WARNING)
+    return 0
+
+
+def _vision(args: argparse.Namespace) -> int:
+    """The vision pair: the text model and its projector (copied together with PATH)."""
+    from homelab.gguf import demo_vision
+    from homelab.gguf.export import copy_model
+
+    paths = [demo_vision.text_model_path(args.vision), demo_vision.mmproj_path(args.vision)]
+    if args.path:
+        folder = args.path if args.path.endswith("/") else f"{args.path}/"  # both in it
+        paths = [copy_model(path, folder, force=args.force) for path in paths]
+    tokens = demo_vision.fixed_image_tokens(args.vision)
+    if args.json:
+        print(WARNING, file=sys.stderr)
+        document = {
+            "path": str(paths[0]),
+            "mmproj_path": str(paths[1]),
+            "vision": args.vision,
+            "image_tokens": tokens,  # None: it depends on the image's size
+            "random_weights": True,
+        }
+        print(json.dumps(document))
+        return 0
+    print(f"{paths[0]}\n{paths[1]}")
+    rule = f"{tokens} tokens per image" if tokens else "tokens by image size (M-RoPE)"
+    print(f"  demo vision model {args.vision}: text model + projector, {rule}")
     print(WARNING)
     return 0

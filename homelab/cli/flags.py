@@ -185,6 +185,33 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --split-mode none: the offload device to use, from 0 (RPC workers first)",
     )
+    add_vision_flags(parser)
+
+
+def add_vision_flags(parser: argparse.ArgumentParser) -> None:
+    """The vision projector (mmproj) loaded with the model, and what an image may cost."""
+    group = parser.add_argument_group("vision (images)")
+    which = group.add_mutually_exclusive_group()
+    which.add_argument(
+        "--mmproj",
+        metavar="PATH",
+        help="the vision projector GGUF (default: an mmproj-*.gguf beside the model)",
+    )
+    which.add_argument(
+        "--no-mmproj", action="store_true", help="no projector, even one beside the model"
+    )
+    group.add_argument(
+        "--mmproj-cpu",
+        action="store_true",
+        help="keep the projector on the CPU (default: the GPU when it fits there)",
+    )
+    group.add_argument(
+        "--image-max-tokens",
+        type=int,
+        metavar="N",
+        help="most tokens one image may take (default: the projector's maximum, at most half "
+        "a slot's context)",
+    )
 
 
 def rpc_endpoints(args: argparse.Namespace) -> tuple[str, ...]:
@@ -213,6 +240,11 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         n_ubatch=positive(args.n_ubatch, "--n-ubatch"),
         split_mode=args.split_mode,
         main_gpu=args.main_gpu,
+        mmproj_path=getattr(args, "mmproj", None),
+        no_mmproj=bool(getattr(args, "no_mmproj", False)),
+        mmproj_offload=False if getattr(args, "mmproj_cpu", False) else None,
+        image_max_tokens=positive(getattr(args, "image_max_tokens", None), "--image-max-tokens")
+        or 0,
     )
     return with_draft(request, args)
 
@@ -389,6 +421,9 @@ def unplanned_settings(args: argparse.Namespace) -> Settings:
         rpc_servers=rpc_endpoints(args),
         split_mode=args.split_mode,
         main_gpu=args.main_gpu,
+        mmproj_path=getattr(args, "mmproj", None) or "",  # --no-plan: only the one given
+        mmproj_offload=not getattr(args, "mmproj_cpu", False),
+        image_max_tokens=getattr(args, "image_max_tokens", None) or 0,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -27,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from homelab.hub.library import library_dirs, list_local_models
     from homelab.hub.render import format_models, models_document
     from homelab.hub.settings import hf_cache_dir
+    from homelab.models.mmproj import find_mmproj
 
-    models = list_local_models(args.dirs)
+    models = [replace(m, mmproj=find_mmproj(m.path)) for m in list_local_models(args.dirs)]
     fits: list[Fit | None] = (
         [None] * len(models) if args.no_fit else fits_on_this_machine([m.info for m in models])
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from homelab.cli import flags
+from homelab.cli import flags, prompt_cache_flags
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,15 +20,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip the llama.cpp dry run")
     flags.add_plan_flags(parser)
     flags.add_draft_flag(parser)
+    prompt_cache_flags.add_flags(parser, serving=False)  # to see the plan serve would make
 
 
 def run(args: argparse.Namespace) -> int:
+    from homelab.models.mmproj import with_projector
     from homelab.planner.plan import plan_model
     from homelab.planner.render import render_plan
 
-    hardware = flags.hardware(args)
+    hardware, _ = prompt_cache_flags.reserve(args, flags.hardware(args), serving=False)
     request = flags.plan_request(args)  # with --draft's header
     variants = flags.model_ref(args.model).variants()
+    request = with_projector(request, variants[0])  # --mmproj, or the one beside the file
     candidates = flags.draft_candidates() if request.draft is None else []
     plan = plan_model(
         variants, hardware, request, verify=not args.no_verify, draft_candidates=candidates

@@ -19,12 +19,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    models = fetch_models(server_url(args.url), args.api_key or os.environ.get("HOMELAB_API_KEY"))
+    url, key = server_url(args.url), args.api_key or os.environ.get("HOMELAB_API_KEY")
+    models = fetch_models(url, key)
     if args.json:
         print(json.dumps(models, indent=2))
     else:
         print(format_models(models))
+        cache = fetch_prompt_cache(url, key)
+        if cache.get("enabled"):
+            print(format_prompt_cache(cache))
     return 0
+
+
+def fetch_prompt_cache(url: str, api_key: str | None = None) -> dict[str, Any]:
+    """The server's prompt cache report (``{}`` when it has none or does not say)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{url}/admin/prompt-cache", headers=headers, timeout=10)
+    except httpx.HTTPError:
+        return {}
+    return dict(response.json()) if response.status_code == 200 else {}
+
+
+def format_prompt_cache(report: dict[str, Any]) -> str:
+    """One line: the prompt cache's RAM (of its budget), disk (of its cap), hits."""
+    from homelab.units import format_size
+
+    return (
+        f"prompt cache: RAM {format_size(report['ram_bytes'])} of "
+        f"{format_size(report['ram_budget_bytes'])} ({report['ram_entries']} states), disk "
+        f"{format_size(report['disk_bytes'])} of {format_size(report['disk_cap_bytes'])} "
+        f"({report['disk_entries']}), hits {report['hits_ram']} RAM / {report['hits_disk']} disk"
+    )
 
 
 def server_url(url: str | None) -> str:

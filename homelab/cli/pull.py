@@ -21,6 +21,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "catalogue name such as qwen3-8b",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-mmproj",
+        action="store_true",
+        help="leave out the vision projector the repo offers (fetched beside the model)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             )
     sink: ProgressSink = SilentProgress() if args.quiet or args.json else TqdmProgress()
     try:
-        pulled = pull(ref, progress=sink)
+        pulled = pull(ref, progress=sink, mmproj=not args.no_mmproj)
     except KeyboardInterrupt:
         sink.finish()
         print(

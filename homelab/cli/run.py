@@ -4,7 +4,10 @@ MODEL is any form ``homelab plan`` takes. One that is not on this machine yet (a
 catalogue name) is downloaded first: its plan from the remote header is shown, then (with
 ``--yes``, or after asking) the verified download with a progress bar, then the run — see
 :mod:`homelab.models.fetch`. ``--prompt TEXT`` sends one completion; ``--chat`` reads user
-turns from stdin (one per line) and answers through the model's chat template. The model is
+turns from stdin (one per line) and answers through the model's chat template. ``--image
+PATH`` (repeatable) puts images before the prompt, or in the first chat turn: the model needs
+its vision projector (mmproj) loaded, and each image is decoded and checked like the
+server's (``homelab.images.decode``). The model is
 planned like ``homelab plan`` with the same flags (each one given is fixed); ``--no-plan``
 loads the flags as given.
 """
@@ -19,8 +22,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 from homelab.cli import flags
 
 if TYPE_CHECKING:
-    from homelab.engine.api import FinishEvent, GenerationRequest
+    from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams
     from homelab.engine.engine import Engine
+    from homelab.images.decoded import DecodedImage
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +33,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--prompt", help="complete this text and exit")
     mode.add_argument("--chat", action="store_true", help="chat: one user turn per stdin line")
     parser.add_argument("--system", help="system message for --chat")
+    parser.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="an image for a vision model (repeatable): before --prompt, or in the first "
+        "--chat turn",
+    )
     flags.add_sampling_flags(parser)
     flags.add_plan_flags(parser)  # the same knobs as `homelab plan` and `homelab serve`
     flags.add_engine_flags(parser, no_plan=True)
@@ -37,7 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    images = _read_images(args.image)
     with open_for_run(args) as engine:
+        args.images = _checked_images(engine, images)
         if engine.load_report.stepped_down:
             print(f"homelab: {engine.load_report.summary()}", file=sys.stderr)
         if args.chat:
@@ -62,9 +76,8 @@ def open_for_run(args: argparse.Namespace) -> Engine:
 
 
 def _complete(engine: Engine, args: argparse.Namespace) -> int:
-    from homelab.engine.api import GenerationRequest
 
-    request = GenerationRequest(tenant="cli", prompt=args.prompt, sampling=flags.sampling(args))
+    request = _request(engine, args.prompt, args.images, flags.sampling(args), add_bos=True)
     text, finish = _stream(engine, request, None if args.json else sys.stdout)
     if args.json:
         print(json.dumps(_document(engine, text, finish), indent=2))
@@ -75,7 +88,6 @@ def _complete(engine: Engine, args: argparse.Namespace) -> int:
 
 
 def _chat(engine: Engine, args: argparse.Namespace) -> int:
-    from homelab.engine.api import GenerationRequest
 
     messages: list[dict[str, Any]] = []
     if args.system:
@@ -90,9 +102,12 @@ def _chat(engine: Engine, args: argparse.Namespace) -> int:
             break
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line.rstrip("\n")})
+        first_turn = not any(m["role"] == "user" for m in messages)
+        images = args.images if first_turn else []
+        marked = "".join(engine.image_marker or "" for _ in images)
+        messages.append({"role": "user", "content": marked + line.rstrip("\n")})
         prompt = engine.render_chat(messages)
-        request = GenerationRequest("cli", prompt, flags.sampling(args), add_bos=True)
+        request = _request(engine, prompt, images, flags.sampling(args), add_bos=True)
         text, finish = _stream(engine, request, None if args.json else sys.stdout)
         messages.append({"role": "assistant", "content": text})
         if args.json:
@@ -105,6 +120,53 @@ def _chat(engine: Engine, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"turns": turns}, indent=2))
     return 0
+
+
+def _read_images(paths: list[str]) -> list[DecodedImage]:
+    """Each ``--image`` file decoded and checked (before the model loads)."""
+    from pathlib import Path
+
+    from homelab.errors import HomelabError
+    from homelab.images.decode import decode_image
+
+    images = []
+    for path in paths:
+        try:
+            data = Path(path).expanduser().read_bytes()
+        except OSError as exc:
+            raise HomelabError(f"cannot read the image {path}: {exc.strerror or exc}") from exc
+        images.append(decode_image(data))
+    return images
+
+
+def _checked_images(engine: Engine, images: list[DecodedImage]) -> list[DecodedImage]:
+    if images and engine.image_marker is None:
+        from homelab.errors import HomelabError
+
+        raise HomelabError(
+            f"{engine.model_info.name} takes no images: no vision projector (mmproj) is loaded",
+            hint="Use a vision model whose mmproj file is next to it (or given with --mmproj).",
+        )
+    return images
+
+
+def _request(
+    engine: Engine,
+    text: str,
+    images: list[DecodedImage],
+    sampling: SamplingParams,
+    *,
+    add_bos: bool,
+) -> GenerationRequest:
+    """A completion of ``text``; with images, they come first (one marker each)."""
+    from homelab.engine.api import GenerationRequest
+
+    if not images:
+        return GenerationRequest("cli", text, sampling, add_bos=add_bos)
+    marker = engine.image_marker or ""
+    marked = text if marker in text else "".join(marker for _ in images) + "\n" + text
+    prompt = engine.tokenize_images(marked, images, add_bos=add_bos)
+    return GenerationRequest("cli", prompt.tokens, sampling, images=prompt)
 
 
 def _stream(

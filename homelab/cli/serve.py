@@ -29,9 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homelab.cli import flags
+from homelab.cli import flags, prompt_cache_flags
 
 if TYPE_CHECKING:
+    from homelab.engine.state_cache.store import PromptCache
     from homelab.models.launch import Overrides
     from homelab.models.ref import ModelRef
     from homelab.planner.budget import Hardware
@@ -64,7 +65,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model-id", help="the model name clients use (default: the file name)")
     parser.add_argument(
-        "--max-body-bytes", type=int, default=4 * 1024 * 1024, help="request body cap"
+        "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="request body cap (32 MiB)"
+    )
+    parser.add_argument(
+        "--max-images", type=int, default=16, help="images one chat request may carry (16)"
+    )
+    parser.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch http(s) image URLs clients send, public addresses only (10 s, 20 MiB "
+        "each; off: data URLs only)",
+    )
+    parser.add_argument(
+        "--allow-private-image-urls",
+        action="store_true",
+        help="also fetch image URLs on loopback, LAN and link-local addresses (trusted "
+        "clients only: they can make the server reach what only it can)",
     )
     parser.add_argument(
         "--default-max-tokens", type=int, default=2048, help="chat max_tokens when unset"
@@ -131,6 +147,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_engine_flags(parser)
     flags.add_speculation_flags(parser)
     flags.add_download_flags(parser)
+    prompt_cache_flags.add_flags(parser)
     parser.set_defaults(goal=None)  # resolved in run(): one model or several (FLEET_GOAL)
 
 
@@ -160,6 +177,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     from homelab.server.runner import EngineHolder, bind_socket, run_holding_lock, uvicorn_server
 
     request, hardware = flags.plan_request(args), flags.hardware(args)
+    hardware, cache_ram_bytes = prompt_cache_flags.reserve(args, hardware)
     ref = flags.local_model(args, request, hardware)  # downloaded (or refused) before announcing
     model_path = ref.local_path()
     from homelab.models.embeddings import planning_hardware
@@ -173,20 +191,25 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     config = replace(config, port=sock.getsockname()[1])  # --port 0: the port it got
     _setup_logging()
     holder = EngineHolder()
-    server = uvicorn_server(create_app(holder, config))
+    prompt_cache = prompt_cache_flags.open_cache(args, cache_ram_bytes)
+    server = uvicorn_server(create_app(holder, config, prompt_cache=prompt_cache))
     loader = threading.Thread(
         target=_load,
-        args=(holder, ref, plan, flags.overrides(args), server, embeddings),
+        args=(holder, ref, plan, flags.overrides(args), server, embeddings, prompt_cache),
         daemon=True,
     )
     loader.start()
     _announce_start(args, config, keys_path, new_key, plan)
+    if not args.json:
+        print(prompt_cache_flags.describe(prompt_cache), flush=True)
     _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:
         if holder.engine is not None:
             holder.engine.close()  # type: ignore[attr-defined]
+        if prompt_cache is not None:
+            prompt_cache.close()  # what is only in RAM goes to disk, for the next start
     if holder.failure is not None:
         raise holder.failure
     return 0
@@ -214,26 +237,34 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     from homelab.server.app import create_app
     from homelab.server.runner import bind_socket, run_holding_lock, uvicorn_server
 
-    fleet = build_fleet(args)
+    cache_ram_bytes = prompt_cache_flags.ram_bytes(args, flags.hardware(args))
+    prompt_cache = prompt_cache_flags.open_cache(args, cache_ram_bytes)
+    fleet = build_fleet(args, prompt_cache)
     keys, new_key = _keys_for(args, keys_path)
     config = _config(args, Path("homelab"), keys)
     _check_aliases(config, fleet.names())
     sock = bind_socket(args.host, args.port)
     config = replace(config, port=sock.getsockname()[1])
     _setup_logging()
-    server = uvicorn_server(create_app(lambda: None, config, fleet))
+    server = uvicorn_server(create_app(lambda: None, config, fleet, prompt_cache=prompt_cache))
     _announce_fleet(args, config, fleet.names(), keys_path, new_key)
+    if not args.json:
+        print(prompt_cache_flags.describe(prompt_cache), flush=True)
     _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
     finally:
         fleet.close()
+        if prompt_cache is not None:
+            prompt_cache.close()
     return 0
 
 
-def build_fleet(args: argparse.Namespace) -> Fleet:
+def build_fleet(args: argparse.Namespace, prompt_cache: PromptCache | None = None) -> Fleet:
     """The models ``serve`` without MODEL serves, planned with its plan flags for the machine
-    as it is now (before anything is loaded) and loaded as ``serve MODEL`` loads one."""
+    as it is now (before anything is loaded) and loaded as ``serve MODEL`` loads one; they
+    share ``prompt_cache`` (a model evicted and loaded again finds its states), whose RAM
+    the plans leave alone."""
     from homelab.models.embeddings import load_serving_engine, planning_hardware
     from homelab.models.launch import plan_file
     from homelab.server.fleet import Fleet, parse_keep_alive
@@ -242,13 +273,15 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
     if args.goal is None:  # each model planned for its context, leaving room for the others
         args.goal = FLEET_GOAL
     request, hardware = flags.plan_request(args), flags.hardware(args)
+    if prompt_cache is not None:
+        hardware = prompt_cache_flags.reserve_bytes(hardware, prompt_cache.config.ram_budget_bytes)
     embeddings, overrides = getattr(args, "embeddings", None), flags.overrides(args)
 
     def plan(model: Servable, left: Hardware) -> Plan:
         return plan_file(model.ref, request, planning_hardware(model.path, left, embeddings))
 
     def load(model: Servable, planned: Plan) -> Any:
-        return load_serving_engine(model.ref, planned, overrides, embeddings)
+        return load_serving_engine(model.ref, planned, overrides, embeddings, prompt_cache)
 
     return Fleet(_servables(args), hardware, plan, load, keep_alive_s=keep_alive_s)
 
@@ -328,6 +361,9 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) ->
         port=args.port,
         keys=keys,
         max_body_bytes=args.max_body_bytes,
+        max_images=args.max_images,
+        allow_image_urls=args.allow_image_urls,
+        allow_private_image_urls=args.allow_private_image_urls,
         default_max_tokens=args.default_max_tokens,
         log_prompts=args.log_prompts,
         cors_origins=tuple(args.cors_origin),
@@ -355,11 +391,12 @@ def _load(
     overrides: Overrides,
     server: Any,
     embeddings: str | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> None:
     from homelab.models.embeddings import load_serving_engine
 
     try:
-        engine = load_serving_engine(ref, plan, overrides, embeddings)
+        engine = load_serving_engine(ref, plan, overrides, embeddings, prompt_cache)
     except BaseException as exc:
         holder.failure = exc
         server.should_exit = True

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from homelab.engine.image_prompt import ImagePrompt
+
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
@@ -47,6 +49,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = ""
     add_bos: bool = True  # for text prompts; chat prompts rendered from the template set this
+    # a prompt with images (from ``Engine.tokenize_images``): its tokens are the prompt
+    images: ImagePrompt | None = None
 
 
 @dataclass(frozen=True)

@@ -389,6 +389,7 @@ class EmbeddingModelEngine(Closing):
     n_slots = 1
     speculation = None
     failure: str | None = None  # an embedding model is never on RPC workers
+    image_marker: str | None = None  # no images
 
     def __init__(self, embedder: Embedder, model_info: ModelInfo, load_report: LoadReport) -> None:
         self.embedder: Embedder | None = embedder
@@ -453,6 +454,9 @@ class EmbeddingModelEngine(Closing):
         raise self._generation_refused()
 
     def submit(self, request: Any) -> Any:
+        raise self._generation_refused()
+
+    def tokenize_images(self, text: str, images: Any, add_bos: bool = True) -> Any:
         raise self._generation_refused()
 
     def _generation_refused(self) -> EngineError:

@@ -35,11 +35,19 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
+from homelab.engine.image_prefill import (
+    ImagePrefill,
+    JobImages,
+    check_image_prompt,
+    image_prompt,
+)
+from homelab.engine.image_prompt import ImagePrompt
 from homelab.engine.loader import LoadedModel, LoadReport, load_model
 from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
 from homelab.engine.prompt_bound import tokenize_within
@@ -50,17 +58,28 @@ from homelab.engine.speculation.config import SpeculationConfig
 from homelab.engine.speculation.refusals import check_target
 from homelab.engine.speculation.speculator import Speculator
 from homelab.engine.text import StopMatcher
-from homelab.errors import BusyError, ContextLengthError, EngineClosedError, EngineError
+from homelab.errors import (
+    BusyError,
+    ContextLengthError,
+    EngineClosedError,
+    EngineError,
+    HomelabError,
+)
 from homelab.gguf.model import ModelInfo
 from homelab.gguf.reader import read_model
+from homelab.images.decoded import DecodedImage
 from homelab.llamacpp import abort as rpc_abort
+from homelab.llamacpp import lane
 from homelab.llamacpp._lib import Closing
 from homelab.llamacpp.context import Context
+from homelab.llamacpp.mtmd import Projector, PromptChunk
 from homelab.llamacpp.rpc import worker_lost
 from homelab.settings import Settings
 
 if TYPE_CHECKING:
     from homelab.engine.embeddings import Embedder
+    from homelab.engine.state_cache.slot_states import SlotStates
+    from homelab.engine.state_cache.store import PromptCache
 
 _request_ids = itertools.count(1)
 PROFILE_STEPS_ENV = "HOMELAB_PROFILE_STEPS"  # set: every step timed by phase (EngineMetrics)
@@ -79,6 +98,7 @@ class Engine(Closing):
         queue_limit: int = 64,
         prefill_chunk_tokens: int | None = None,
         speculator: Speculator | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> None:
         self._loaded = loaded
         self._speculator = speculator
@@ -112,10 +132,21 @@ class Engine(Closing):
         config = SchedulerConfig(n_batch, self.n_vocab, self.n_ctx_per_slot, chunk, queue_limit)
         profile = StepProfile() if os.environ.get(PROFILE_STEPS_ENV) else None
         self._meter.step_profile = profile
+        projector = loaded.projector
+        images = ImagePrefill(loaded.context, projector) if projector is not None else None
         self._scheduler = Scheduler(
-            loaded.context, vocab, slots, self._meter, config, self.eog_tokens, speculator, profile
+            loaded.context,
+            vocab,
+            slots,
+            self._meter,
+            config,
+            self.eog_tokens,
+            speculator,
+            profile,
+            images,
         )
         self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
+        self.prompt_states = slots.keeper = self._slot_states(prompt_cache)
         self._meter.live_occupancy = lambda: (slots.n_busy, slots.cells_used())
         self._chat_template = self._make_chat_template()
         self._closed = False
@@ -139,12 +170,14 @@ class Engine(Closing):
         predicted: Mapping[str, Any] | None = None,
         record_calibration: bool = True,
         speculation: SpeculationConfig | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> Engine:
         """Load ``model_path`` with ``settings`` (stepping down on OOM) and start serving.
 
         ``predicted`` (the planner's memory prediction) is stored next to what was really
         allocated in the calibration record. ``speculation`` turns on speculative decoding;
         a target or draft it cannot work with raises ``SpeculationError`` (an EngineError).
+        ``prompt_cache`` (``homelab.engine.state_cache``) keeps slot states beyond the slot.
         """
         if speculation is not None:
             speculation.checked()
@@ -160,6 +193,7 @@ class Engine(Closing):
                 queue_limit=queue_limit,
                 prefill_chunk_tokens=prefill_chunk_tokens,
                 speculator=speculator,
+                prompt_cache=prompt_cache,
             )
         except BaseException:
             if speculator is not None:
@@ -171,6 +205,37 @@ class Engine(Closing):
 
             record_load(engine.load_report, info, predicted)
         return engine
+
+    def _slot_states(self, cache: PromptCache | None) -> SlotStates | None:
+        """The prompt cache's side of this engine, or None (no cache, or a model it refuses)."""
+        if cache is None:
+            return None
+        if not self._loaded.report.prefix_reuse or self.model_info.is_recurrent:
+            log.info(
+                "prompt cache off for %s: a recurrent state cannot be cut back to a shorter "
+                "prefix (prefix reuse is off for this model)",
+                self.model_info.name,
+            )
+            return None
+        from homelab.engine.state_cache.key import ModelKey, layout_of
+        from homelab.engine.state_cache.slot_states import SlotStates
+        from homelab.gguf.identity import model_identity
+
+        layout = layout_of(self.settings, self.n_ctx_per_slot, self.n_slots)
+        try:
+            model = ModelKey(model_identity(self._loaded.report.model_path), layout)
+        except (HomelabError, OSError) as exc:  # the file moved since it was loaded
+            log.warning("prompt cache off for %s: %s", self.model_info.name, exc)
+            return None
+        meter = self._meter
+        n_swa = self.model_info.n_swa if self.model_info.has_swa else 0
+        return SlotStates(
+            self._loaded.context,
+            model,
+            cache,
+            lambda: meter.snapshot().prefill_tok_s,
+            n_swa=n_swa,
+        )
 
     def _make_chat_template(self) -> ChatTemplate | None:
         source = self.model_info.chat_template
@@ -238,18 +303,20 @@ class Engine(Closing):
         if self._closed or self._scheduler.closing:
             raise EngineClosedError("the engine is closed")
         prompt = self._prompt_tokens(request)
-        self._check_lengths(prompt, request.sampling.max_tokens)
+        n_cells = request.images.n_cells if request.images is not None else len(prompt)
+        self._check_lengths(n_cells, request.sampling.max_tokens)
         chain = SamplerChain(request.sampling, self._vocab, self.n_vocab, self.eog_tokens)
         request_id = request.request_id or f"req-{next(_request_ids)}"
-        handle = RequestHandle(request_id, self._scheduler.cancel_noted)
+        handle = RequestHandle(request_id, self._scheduler.cancel_noted, self._scheduler.wakes)
         stops = request.sampling.stop
         job = Job(
             request=request,
             handle=handle,
             prompt=prompt,
             chain=chain,
-            clock=RequestClock(submitted=submitted, prompt_tokens=len(prompt)),
+            clock=RequestClock(submitted=submitted, prompt_tokens=n_cells),
             stop=StopMatcher(stops) if stops else None,
+            images=JobImages(request.images) if request.images is not None else None,
         )
         if not self._scheduler.enqueue(job):
             chain.close()
@@ -261,6 +328,8 @@ class Engine(Closing):
         return handle
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        if request.images is not None:
+            return self._checked_image_prompt(request.images)
         if isinstance(request.prompt, str):
             limit = self.n_ctx_per_slot - 1  # the exact check with max_tokens comes next
             tokens = self.tokenize_within(request.prompt, limit, add_bos=request.add_bos)
@@ -276,16 +345,57 @@ class Engine(Closing):
             raise EngineError("the prompt is empty", hint="Send at least one token of text.")
         return tokens
 
-    def _check_lengths(self, prompt: list[int], max_tokens: int) -> None:
+    def _check_lengths(self, n_prompt: int, max_tokens: int) -> None:
         if max_tokens < 1:
             raise EngineError(f"max_tokens must be at least 1 (got {max_tokens})")
-        needed = len(prompt) + max_tokens
+        needed = n_prompt + max_tokens
         if needed > self.n_ctx_per_slot:
             raise ContextLengthError(
-                f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) needs "
+                f"the prompt ({n_prompt} tokens) plus max_tokens ({max_tokens}) needs "
                 f"{needed} tokens, but a slot holds {self.n_ctx_per_slot}",
                 hint="Shorten the prompt, lower max_tokens, or plan a longer context per slot.",
             )
+
+    # --- images ---------------------------------------------------------------------------
+
+    @property
+    def projector(self) -> Projector | None:
+        """The vision projector loaded beside the model (None: text only)."""
+        return self._loaded.projector
+
+    @property
+    def image_marker(self) -> str | None:
+        """What stands for an image in a prompt's text (None: this model takes no images)."""
+        projector = self._loaded.projector
+        return projector.marker if projector is not None else None
+
+    def tokenize_images(
+        self, text: str, images: Sequence[DecodedImage], add_bos: bool = True
+    ) -> ImagePrompt:
+        """``text`` with one :attr:`image_marker` per image, tokenized with the images (any
+        thread): the prompt to submit as ``GenerationRequest(images=...)``."""
+        projector = self._loaded.projector
+        if projector is None:
+            raise EngineError(
+                f"{self.model_info.name} takes no images (no vision projector is loaded)",
+                hint="Load the model with its mmproj file to send images.",
+            )
+        chunks = projector.tokenize(text, images, add_special=add_bos)
+        prompt = image_prompt(_without_double_bos(chunks, self.bos_token_id), images)
+        check_image_prompt(
+            prompt, non_causal=projector.non_causal, n_ubatch=self._loaded.context.n_ubatch
+        )
+        return prompt
+
+    def _checked_image_prompt(self, prompt: ImagePrompt) -> list[int]:
+        projector = self._loaded.projector
+        if projector is None:
+            raise EngineError(f"{self.model_info.name} takes no images")
+        if not prompt.tokens:
+            raise EngineError("the prompt is empty", hint="Send at least one token of text.")
+        n_ubatch = self._loaded.context.n_ubatch
+        check_image_prompt(prompt, non_causal=projector.non_causal, n_ubatch=n_ubatch)
+        return list(prompt.tokens)
 
     # --- a lost RPC worker ---------------------------------------------------------------
 
@@ -322,6 +432,17 @@ class Engine(Closing):
         """Each slot's tenant, occupancy and llama.cpp cache range (read between steps)."""
         return self.run_on_engine_thread(self._slots.states).result(timeout_s)
 
+    def slot_action(
+        self, seq_id: int, action: str, tenant: str | None = None, timeout_s: float = 60.0
+    ) -> dict[str, object]:
+        """Save, restore or erase one free slot by hand (the admin API; see
+        ``state_cache.slot_states.slot_action``); EngineError / BusyError say why not."""
+        from homelab.engine.state_cache.slot_states import slot_action
+
+        slots, states = self._slots, self.prompt_states
+        call = self.run_on_engine_thread(lambda: slot_action(slots, states, seq_id, action, tenant))
+        return call.result(timeout_s)
+
     def run_on_engine_thread(self, function: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``function`` on the engine thread between two decode steps.
 
@@ -343,6 +464,7 @@ class Engine(Closing):
                 return
             self._closed = True
         self._unwatch()
+        self._save_states()
         self._scheduler.close()
         if self._failure is not None or self._scheduler.running:
             return  # a decode that never returns (a lost worker): leak, don't free or join
@@ -351,6 +473,29 @@ class Engine(Closing):
         if self._speculator is not None:
             self._speculator.close()
         self._loaded.close()
+
+    def _save_states(self, timeout_s: float = 60.0) -> None:
+        """Keep every slot's prefix in the prompt cache before the context goes."""
+        if self._slots.keeper is None or self._failure is not None:
+            return
+        try:
+            if lane.on_lane():  # closed from a step (waiting for the lane would never end)
+                saved = self._slots.save_states()
+            else:
+                saved = self.run_on_engine_thread(self._slots.save_states).result(timeout_s)
+        except Exception as exc:  # closing must go on whatever the cache does
+            log.warning("prompt cache: slot states not saved at close: %s", exc)
+            return
+        log.info("prompt cache: %d slot states saved at close", saved)
+
+
+def _without_double_bos(chunks: list[PromptChunk], bos: int) -> list[PromptChunk]:
+    """The text (a rendered chat template) may already start with BOS: mtmd adds another."""
+    first = chunks[0] if chunks else None
+    if first is None or len(first.tokens) < 2 or first.tokens[0] != bos or first.tokens[1] != bos:
+        return chunks
+    shorter = replace(first, tokens=first.tokens[1:], n_tokens=len(first.tokens) - 1)
+    return [replace(shorter, n_pos=shorter.n_tokens), *chunks[1:]]
 
 
 def _speculator(

@@ -28,6 +28,7 @@ from homelab.errors import EngineError, ModelFileError, OutOfMemoryError
 from homelab.gguf.model import ModelInfo
 from homelab.llamacpp.context import Context, ContextCreateError, ContextParams
 from homelab.llamacpp.model import Model, ModelLoadError, ModelParams
+from homelab.llamacpp.mtmd import Projector, ProjectorParams
 from homelab.settings import COMPARED_KV_TYPES, QUANTIZED_KV_TYPES, Settings
 from homelab.units import MIB
 
@@ -105,8 +106,11 @@ class LoadedModel:
     model: Model
     context: Context
     report: LoadReport
+    projector: Projector | None = None  # the vision projector (Settings.mmproj_path)
 
     def close(self) -> None:
+        if self.projector is not None:
+            self.projector.close()  # made for the model: freed before it
         self.context.close()  # before the model it belongs to
         self.model.close()
 
@@ -260,6 +264,7 @@ def load_model(
                 raise _memory_error(path, steps) from None
             continue
         steps.append(LadderStep(rung, candidate, True, reason))
+        _attach_projector(loaded, candidate)  # its log: loaded.projector.creation_log
         loaded.report = _report(path, settings, candidate, steps, loaded, log_text)
         loaded.report = replace(
             loaded.report,
@@ -269,6 +274,29 @@ def load_model(
         )
         return loaded
     raise _memory_error(path, steps)
+
+
+def projector_params(settings: Settings) -> ProjectorParams:
+    """How the plan's settings load a vision projector."""
+    return ProjectorParams(
+        use_gpu=settings.mmproj_offload,
+        n_threads=settings.n_threads or default_threads(),
+        image_max_tokens=settings.image_max_tokens,
+    )
+
+
+def _attach_projector(loaded: LoadedModel, settings: Settings) -> None:
+    """Load ``settings.mmproj_path`` for the loaded model (nothing when it is empty); a
+    failure frees the model and context and says what to do."""
+    if not settings.mmproj_path:
+        return
+    try:
+        loaded.projector = Projector.load(
+            settings.mmproj_path, loaded.model, projector_params(settings)
+        )
+    except BaseException:
+        loaded.close()
+        raise
 
 
 def _report(

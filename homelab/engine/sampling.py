@@ -37,6 +37,9 @@ class SamplerChain:
         eog_tokens: Collection[int],
     ) -> None:
         self.params = params
+        # the most likely token and nothing else (ending the text may be banned): the
+        # scheduler may then pick it for a whole batch with one argmax
+        self.plain_greedy = _plain_greedy(params)
         self._chain = sampler.SamplerChain()
         try:
             self._build(params, vocab, n_vocab, eog_tokens)
@@ -100,6 +103,16 @@ class SamplerChain:
 
     def close(self) -> None:
         self._chain.close()  # frees every sampler in the chain
+
+
+def _plain_greedy(p: SamplingParams) -> bool:
+    return (
+        p.temperature <= 0
+        and not p.grammar
+        and not p.logit_bias
+        and not _has_penalties(p)
+        and p.logprobs is None
+    )
 
 
 def _has_penalties(p: SamplingParams) -> bool:

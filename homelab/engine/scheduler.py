@@ -50,6 +50,8 @@ from homelab.engine.api import (
     TokenEvent,
     TokenLogprob,
 )
+from homelab.engine.image_prefill import ImagePrefill, JobImages
+from homelab.engine.image_prompt import ImagePrompt, ImageSpan
 from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
 from homelab.engine.sampling import SamplerChain, top_logprobs
 from homelab.engine.slots import Slot, SlotTable
@@ -61,6 +63,10 @@ from homelab.llamacpp import lane
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.vocab import Vocab
+
+# measured (benchmarks/sampling_bench.py): one sequence, 1,024 tokens: sampler call 2.7 µs,
+# argmax 5.2 µs; 32,000 tokens: 79 µs against 29 µs
+ARGMAX_MIN_VOCAB = 4096
 
 log = logging.getLogger("homelab.engine")
 
@@ -81,6 +87,38 @@ class Completion:
     logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
+class LoopWakes:
+    """The asyncio readers one scheduler step has given events, woken together when the step
+    ends: one ``call_soon_threadsafe`` (a self-pipe write, a turn of the loop) per event loop
+    per step, not one per streaming request."""
+
+    def __init__(self) -> None:
+        # the thread running a step (its pushes are gathered), else 0: a push from any other
+        # thread (a failure declared while the lane is stuck) wakes its reader at once
+        self.gathering_thread = 0
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[RequestHandle]] = {}
+
+    def add(self, loop: asyncio.AbstractEventLoop, handle: RequestHandle) -> None:
+        self._by_loop.setdefault(loop, []).append(handle)
+
+    def flush(self) -> None:
+        """Stop gathering and wake every reader gathered."""
+        self.gathering_thread = 0
+        if not self._by_loop:
+            return
+        by_loop, self._by_loop = self._by_loop, {}
+        for loop, handles in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_wake_all, handles)
+            except RuntimeError:  # that loop has closed: its readers are gone
+                continue
+
+
+def _wake_all(handles: list[RequestHandle]) -> None:
+    for handle in handles:
+        handle._set_async_wake()
+
+
 class RequestHandle:
     """A submitted request and its event stream (consumed once).
 
@@ -92,10 +130,16 @@ class RequestHandle:
     :meth:`cancel` in a ``finally`` to free the slot at once.
     """
 
-    def __init__(self, request_id: str, wake_scheduler: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        wake_scheduler: Callable[[], None],
+        wakes: LoopWakes | None = None,
+    ) -> None:
         self.request_id = request_id
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._wake_scheduler = wake_scheduler
+        self._wakes = wakes  # the scheduler's wakes, gathered per step
         self.cancelled = False
         self.finished = False  # set by the scheduler before it sends the FinishEvent
         self._consumed = False  # the FinishEvent has been handed to the consumer
@@ -123,11 +167,15 @@ class RequestHandle:
             return
         self._async_waiting = False
         loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._set_async_wake)
-            except RuntimeError:  # the consumer's loop has closed
-                self._loop = None
+        if loop is None:
+            return
+        if self._wakes is not None and self._wakes.gathering_thread == threading.get_ident():
+            self._wakes.add(loop, self)  # woken with the step's other readers on this loop
+            return
+        try:
+            loop.call_soon_threadsafe(self._set_async_wake)
+        except RuntimeError:  # the consumer's loop has closed
+            self._loop = None
 
     def _set_async_wake(self) -> None:
         if self._async_wake is not None:
@@ -226,6 +274,7 @@ class Job:
     utf8: Utf8Decoder = field(default_factory=Utf8Decoder)
     stop: StopMatcher | None = None
     spec: SequenceSpeculation | None = None  # set at admission when the engine speculates
+    images: JobImages | None = None  # a prompt with images (see image_prefill)
 
     @property
     def max_tokens(self) -> int:
@@ -272,6 +321,7 @@ class Scheduler:
         eog_tokens: frozenset[int],
         speculator: Speculator | None = None,
         profile: StepProfile | None = None,
+        images: ImagePrefill | None = None,
     ) -> None:
         self._context = context
         self._profile = profile  # time every step's phases (debug metrics), or not at all
@@ -289,12 +339,15 @@ class Scheduler:
         self._decoding: list[Job] = []  # in slot order (see _plan_batch)
         self._n_queued = 0  # incoming + waiting, for the queue bound (guarded by _lock)
         self._cancel_noted = False  # a handle was cancelled since the last look
+        self.wakes = LoopWakes()  # the asyncio readers to wake when a step ends
         self._closing = False
         self.failure: str | None = None  # set by fail(): this context can never compute again
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._pieces: dict[int, bytes] = {}
         self._batch = Batch(config.n_batch)
         self._stopped = threading.Event()  # set on the lane once the scheduler has shut down
+        self._images = images  # the vision projector's side, when the model has one
+        self._image_steps: list[tuple[Job, ImageSpan, int]] = []  # planned for this step
 
     def start(self) -> None:
         lane.attach(self)
@@ -408,7 +461,11 @@ class Scheduler:
             self._stop()
             return None
         if self._waiting or self._prefilling or self._decoding or self._calls:
-            self._step_safely()
+            self.wakes.gathering_thread = threading.get_ident()
+            try:
+                self._step_safely()
+            finally:
+                self.wakes.flush()
             if self.failure is None:
                 self._meter.publish_due(time.perf_counter())
             return 0.0
@@ -451,6 +508,8 @@ class Scheduler:
         parts = self._plan_batch()
         if parts:
             self._decode(parts)
+        if self._image_steps:
+            self._decode_images()
 
     def _profiled_step(self, profile: StepProfile) -> None:
         """``_step``, timed phase by phase (see :class:`~homelab.engine.metrics.StepProfile`)."""
@@ -470,6 +529,8 @@ class Scheduler:
         sampling_before = profile.total("sample")
         if parts:
             self._after_status(parts, status)
+        if self._image_steps:
+            self._decode_images()
         ended = clock()
         sampled = profile.total("sample") - sampling_before
         for phase, seconds in (
@@ -511,10 +572,17 @@ class Scheduler:
             job.n_past = job.prompt_pos = placement.n_cached
             job.clock.cached_tokens = placement.n_cached
             job.clock.started = time.perf_counter()
+            if job.images is not None:
+                self._admit_images(job, job.images.prompt)
+                continue
             job.chain.accept_prompt(job.prompt)
             if self._speculator is not None:
                 job.spec = self._speculator.start(
-                    job.slot.seq_id, job.prompt, placement.n_cached, job.request.sampling
+                    job.slot.seq_id,
+                    job.prompt,
+                    placement.n_cached,
+                    job.request.sampling,
+                    job.request.tenant,
                 )
             self._prefilling.append(job)
 
@@ -524,7 +592,8 @@ class Scheduler:
         """Let the speculator draft for the generating sequences (never fatal to them)."""
         if self._speculator is None or not self._decoding:
             return
-        requests = [self._draft_request(job) for job in self._decoding]  # in slot order
+        # in slot order; a prompt with images does not speculate
+        requests = [self._draft_request(job) for job in self._decoding if job.spec is not None]
         reserve = self.config.prefill_chunk_tokens if self._prefilling else 0
         room = self.config.n_batch - len(self._decoding) - reserve
         try:
@@ -555,7 +624,13 @@ class Scheduler:
         for job in self._prefilling:
             if budget <= 0:
                 break
-            take = min(len(job.prompt) - job.prompt_pos, budget)
+            ahead = len(job.prompt) - job.prompt_pos
+            if job.images is not None:
+                ahead = job.images.prompt.text_ahead(job.prompt_pos)
+                if ahead == 0:  # the next piece of its prompt is an image
+                    budget -= self._plan_image(job, budget)
+                    continue
+            take = min(ahead, budget)
             tokens = job.prompt[job.prompt_pos : job.prompt_pos + take]
             completes = job.prompt_pos + take == len(job.prompt)
             parts.append(_Part(job, job.n_past, tokens, completes, True))
@@ -609,15 +684,17 @@ class Scheduler:
                 job.prompt_pos += len(part.tokens)
                 job.clock.evaluated_tokens += len(part.tokens)
                 prefill_tokens += len(part.tokens)
-        for part in parts:
-            if part.draft:
-                emitted, kept = self._verify_safely(part)
-                decode_tokens += emitted
-                drafted += len(part.draft)
-                accepted += kept
-            elif part.sample:
-                decode_tokens += 0 if part.prefill else 1
-                self._sample_safely(part.job)
+        sampling = [part for part in parts if part.sample]
+        if not self._sample_greedy_batch(sampling):
+            for part in sampling:
+                if part.draft:
+                    emitted, kept = self._verify_safely(part)
+                    decode_tokens += emitted
+                    drafted += len(part.draft)
+                    accepted += kept
+                else:
+                    self._sample_safely(part.job)
+        decode_tokens += sum(not part.prefill and not part.draft for part in sampling)
         n_sequences = sum(not part.prefill for part in parts)
         self._meter.record_step(
             time.perf_counter(), prefill_tokens, decode_tokens, n_sequences, drafted, accepted
@@ -642,7 +719,81 @@ class Scheduler:
             else:
                 self._after_decode([part])
 
+    # --- images (see image_prefill) -------------------------------------------------------
+
+    def _admit_images(self, job: Job, prompt: ImagePrompt) -> None:
+        """Placed: a cached prefix holds whole images only; counts are KV cells (as mtmd
+        counts tokens); no speculation (a draft cannot read the images)."""
+        assert job.slot is not None
+        n_whole = prompt.whole_images_only(job.n_past)
+        if n_whole < job.n_past and not self._slots.rollback(job.slot, n_whole):
+            n_whole = 0
+        job.n_past = job.prompt_pos = n_whole
+        job.clock.cached_tokens = prompt.cells_before(n_whole)
+        job.chain.accept_prompt(prompt.text_tokens)
+        self._prefilling.append(job)
+
+    def _plan_image(self, job: Job, budget: int) -> int:
+        """Plan this step's rows of the image at the job's next position; the budget used."""
+        assert self._images is not None and job.images is not None
+        span = job.images.prompt.image_at(job.prompt_pos)
+        assert span is not None
+        rows = self._images.rows_for(job.images, span, budget)
+        self._image_steps.append((job, span, rows))
+        return rows
+
+    def _decode_images(self) -> None:
+        """Decode the planned image rows (after the token batch: one decode each)."""
+        steps, self._image_steps = self._image_steps, []
+        assert self._images is not None
+        for job, span, rows in steps:
+            if job.slot is None or job.images is None:
+                continue  # finished meanwhile (failed in the token batch)
+            try:
+                whole = self._images.step(job.images, span, job.slot.seq_id, rows)
+            except Exception as exc:
+                log.exception("an image failed for request %s", job.handle.request_id)
+                self._fail(job, str(exc))  # clears the slot: its cache may be half-written
+                continue
+            self._meter.record_step(time.perf_counter(), rows, 0)
+            if whole:
+                job.slot.tokens.extend(job.images.prompt.tokens[span.start : span.end])
+                job.n_past += span.n_pos
+                job.prompt_pos += span.n_pos
+                job.clock.evaluated_tokens += span.n_tokens
+
     # --- sampling and text ------------------------------------------------------------------
+
+    def _sample_greedy_batch(self, parts: list[_Part]) -> bool:
+        """Pick the most likely token of every sequence with one argmax over the step's
+        logits, when each of them samples greedily and nothing else (no drafts, grammar,
+        penalties, biases or log-probabilities): one numpy call instead of a sampler call per
+        sequence, each copying the whole vocabulary. False: sample them one by one."""
+        if not parts or any(part.draft or not part.job.chain.plain_greedy for part in parts):
+            return False
+        if len(parts) == 1 and self.config.n_vocab < ARGMAX_MIN_VOCAB:
+            return False  # one sequence, a tiny vocabulary: the one sampler call is cheaper
+        logits = self._context.output_logits(len(parts))  # each part's last token, in order
+        if logits is None:
+            return False
+        started = time.perf_counter() if self._profile is not None else 0.0
+        banned = [
+            index
+            for index, part in enumerate(parts)
+            if part.job.request.sampling.ignore_eos or self._before_min_tokens(part.job)
+        ]
+        if banned:  # nobody reads these logits again (no log-probabilities, no drafts)
+            logits[np.ix_(np.asarray(banned), self._eog_ids)] = -np.inf
+        picks = logits.argmax(axis=1).tolist()  # the greedy sampler's pick: the first maximum
+        if self._profile is not None:
+            self._profile.add("sample", time.perf_counter() - started)
+        for part, token in zip(parts, picks, strict=True):
+            try:
+                self._emit(part.job, token, part.job.batch_index)
+            except Exception as exc:
+                log.exception("sampling failed for request %s", part.job.handle.request_id)
+                self._fail(part.job, f"sampling failed: {exc}")
+        return True
 
     def _sample_safely(self, job: Job) -> None:
         try:
@@ -797,6 +948,8 @@ class Scheduler:
         clock.finished = time.perf_counter()
         job.chain.close()
         if job.slot is not None:
+            if job.images is not None and job.images.rows_done:  # cut inside an image
+                self._slots.rollback(job.slot, job.n_past)  # the cache holds whole ones only
             self._slots.release(job.slot)
             job.slot = None
         if job in self._decoding:

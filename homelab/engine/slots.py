@@ -15,12 +15,17 @@ Recurrent models (Mamba, RWKV, hybrids) cannot drop part of their state, so pref
 off for them: every request clears its slot. Sliding-window models keep only the last
 ``n_swa`` positions when ``swa_full`` is off; a prefix is reused only if the window it needs
 is still in the cache (the same test llama-server makes).
+
+With a prompt cache (``homelab.engine.state_cache``) the table has a :class:`StateKeeper`:
+a slot about to be cleared or cut short is saved first, and a placed request gets the
+tenant's longest saved prefix restored when that beats what the slot already holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from homelab.llamacpp.memory import SequenceMemory
 
@@ -52,6 +57,16 @@ class Placement:
     n_cached: int  # prompt tokens already in the slot's cache (evaluate the rest)
 
 
+class StateKeeper(Protocol):
+    """Saves slots before they lose tokens and restores saved prefixes (the prompt cache)."""
+
+    def before_loss(self, slot: Slot, n_keep: int) -> None: ...
+
+    def save(self, slot: Slot) -> bool: ...
+
+    def restore(self, slot: Slot, prompt: Sequence[int], n_cached: int) -> int: ...
+
+
 def common_prefix_length(first: Sequence[int], second: Sequence[int]) -> int:
     limit = min(len(first), len(second))
     index = 0
@@ -71,6 +86,7 @@ class SlotTable:
         self.prefix_reuse = prefix_reuse
         self._n_swa = n_swa
         self._clock = 0
+        self.keeper: StateKeeper | None = None  # the prompt cache, when the engine has one
 
     @property
     def n_free(self) -> int:
@@ -113,7 +129,15 @@ class SlotTable:
         slot.tenant = tenant
         self._clock += 1
         slot.last_used = self._clock
+        if self.keeper is not None:
+            n_cached = self._restored(slot, prompt, n_cached)
         return Placement(slot, n_cached)
+
+    def _restored(self, slot: Slot, prompt: Sequence[int], n_cached: int) -> int:
+        """Let the prompt cache fill the slot with more of ``prompt`` than it holds."""
+        assert self.keeper is not None
+        n_usable = self.keeper.restore(slot, prompt, n_cached)
+        return n_cached if n_usable == n_cached else self._trim(slot, n_usable)
 
     def _best_same_tenant(
         self, free: list[Slot], tenant: str, prompt: Sequence[int]
@@ -170,9 +194,15 @@ class SlotTable:
 
     def _keep(self, slot: Slot, tenant: str, n_reusable: int) -> int:
         """Cut the slot's cache to the reusable prefix; clear it for another tenant."""
+        if self.keeper is not None:
+            self.keeper.before_loss(slot, n_reusable if slot.tenant == tenant else 0)
         if slot.tenant != tenant or n_reusable == 0 or not self.prefix_reuse:
             self.clear(slot)
             return 0
+        return self._trim(slot, n_reusable)
+
+    def _trim(self, slot: Slot, n_reusable: int) -> int:
+        """Keep the slot's first ``n_reusable`` tokens (0: cleared, when it cannot)."""
         if not self._memory.drop_from(slot.seq_id, n_reusable) or not self._window_intact(
             slot, n_reusable
         ):
@@ -194,6 +224,12 @@ class SlotTable:
             return True
         self.clear(slot)
         return False
+
+    def save_states(self) -> int:
+        """Save every slot's state in the prompt cache (the engine is closing); how many."""
+        if self.keeper is None:
+            return 0
+        return sum(self.keeper.save(slot) for slot in self.slots if slot.tokens)
 
     def clear(self, slot: Slot) -> None:
         self._memory.clear_sequence(slot.seq_id)

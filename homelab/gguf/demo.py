@@ -12,7 +12,9 @@ Names: ``demo[:ARCH][:SIZE][:QUANT]`` with ARCH one of :data:`~homelab.gguf.gene
   ``enable_thinking`` switch) and whose vocabulary has ``<think>``/``</think>`` as tokens;
 - ``demo:spec`` / ``demo:spec-draft`` — a speculative-decoding target (12 layers) and its
   draft (the target's first 2 layers, same vocabulary and head), which agree on most greedy
-  tokens. They default to the bench width; ``demo:spec:tiny`` is the fast pair for tests.
+  tokens. They default to the bench width; ``demo:spec:tiny`` is the fast pair for tests;
+- ``demo:vision-gemma3`` / ``demo:vision-qwen2vl`` — a text model with its vision projector
+  (``mmproj-*.gguf``) beside it, in a folder of their own (see :mod:`demo_vision`; F16 only).
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from homelab.errors import HomelabError
-from homelab.gguf import demo_extra
+from homelab.gguf import demo_extra, demo_vision
 from homelab.gguf.generator import ARCHS, GENERATOR_VERSION, SIZES, spec_for, write_f16_model
 from homelab.locations import demo_models_dir
 
 QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 # Special-purpose models, named like an ARCH (demo:bert, demo:spec:tiny); see demo_extra.
 EXTRAS = ("bert", "reasoning", "spec", "spec-draft")
+# A text model and its vision projector (demo:vision-gemma3); see demo_vision.
+VISION = tuple(f"vision-{kind}" for kind in demo_vision.VISION_KINDS)
 TRAINED = "trained"  # demo:trained[:F16|:Q4_K_M] — shipped weights, see tools/train_demo.py
 TRAINED_DIR = Path(__file__).parent / "trained"
 TRAINED_STEM = "homelab-trained-llama"
@@ -44,6 +48,8 @@ def demo_model_path(
     quant = _checked_quant(quant)
     if arch == TRAINED:
         return trained_model_path(quant)
+    if arch in VISION:
+        return _vision_model_path(arch, quant, directory)
     folder = directory or demo_models_dir()
     if arch in EXTRAS:
         stem, write = demo_extra.recipe(arch, size)
@@ -55,6 +61,14 @@ def demo_model_path(
             return write_f16_model(path, arch, size)
 
     return _cached(folder, stem, quant, write)
+
+
+def _vision_model_path(name: str, quant: str, directory: Path | None) -> Path:
+    if quant != "F16":
+        raise HomelabError(
+            f"the demo vision model {name} comes in F16 only", hint=f"Use demo:{name}."
+        )
+    return demo_vision.text_model_path(name.removeprefix("vision-"), directory)
 
 
 def trained_model_path(quant: str = "F16") -> Path:
@@ -113,7 +127,8 @@ def parse_demo_ref(spec: str) -> tuple[str, str, str]:
     parts = [p for p in spec.split(":")[1:] if p]
     if parts and parts[0].lower() == TRAINED and len(parts) <= 2:
         return TRAINED, "tiny", _checked_quant(parts[1] if len(parts) == 2 else "F16")
-    arch = parts.pop(0).lower() if parts and parts[0].lower() in ARCHS + EXTRAS else "llama"
+    named = ARCHS + EXTRAS + VISION
+    arch = parts.pop(0).lower() if parts and parts[0].lower() in named else "llama"
     default_size = EXTRA_DEFAULT_SIZES.get(arch, "tiny")
     size = parts.pop(0).lower() if parts and parts[0].lower() in SIZES else default_size
     quant = parts.pop(0).upper() if parts else "F16"
@@ -121,10 +136,10 @@ def parse_demo_ref(spec: str) -> tuple[str, str, str]:
         raise HomelabError(
             f"cannot read the demo model name {spec!r}",
             hint="Use demo[:ARCH][:SIZE][:QUANT], e.g. demo:llama:bench:Q8_0 "
-            f"(ARCH: {', '.join(ARCHS + EXTRAS)}; SIZE: {' or '.join(SIZES)}; "
+            f"(ARCH: {', '.join(named)}; SIZE: {' or '.join(SIZES)}; "
             f"QUANT: {', '.join(QUANTS)}).",
         )
-    if arch not in EXTRAS:
+    if arch not in EXTRAS + VISION:
         spec_for(arch, size)  # validates arch and size
     return arch, size, quant
 

@@ -59,6 +59,7 @@ class LocalModel:
     problem: str | None
     provenance: Provenance | None  # set for files made by `homelab quantize`
     name: str = ""  # the library name (see the module docstring); set by list_local_models
+    mmproj: Path | None = None  # the vision projector beside it (set by `homelab models`)
 
     @property
     def file_stem(self) -> str:

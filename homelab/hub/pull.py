@@ -6,6 +6,10 @@ the download makes progress) and across runs (the partial file stays after Ctrl-
 crash). Only a file whose sha256 equals the hub's LFS sha256 becomes a blob and is linked
 into the snapshot; a file that fails is deleted and the pull fails with a clear error.
 
+A repo that offers vision projectors (``mmproj*.gguf``, listed apart) gets its best one
+fetched beside the model (:func:`best_projector`: named after the model, then F16 over BF16,
+Q8_0, other quants and F32), so the model finds it next to itself when it loads.
+
 With ``HF_HUB_OFFLINE=1`` nothing is fetched: a cached copy is used (and the caller is told),
 or the pull fails at once.
 """
@@ -37,6 +41,7 @@ from homelab.hub.quants import (
     GgufEntry,
     ModelRef,
     RemoteFile,
+    best_projector,
     group_entries,
     parse_model_ref,
     select_entry,
@@ -63,6 +68,7 @@ class PulledModel:
     downloaded_bytes: int  # fetched by this call (0 when everything was cached)
     from_cache_only: bool  # offline or hub unreachable: the cached copy was used as is
     notes: tuple[str, ...]  # things the user should be told
+    mmproj: Path | None = None  # the vision projector fetched with it, if the repo has one
 
     @property
     def path(self) -> Path:
@@ -77,9 +83,14 @@ class CachedEntry:
 
 
 def pull(
-    ref: ModelRef, *, settings: HubSettings | None = None, progress: ProgressSink | None = None
+    ref: ModelRef,
+    *,
+    settings: HubSettings | None = None,
+    progress: ProgressSink | None = None,
+    mmproj: bool = True,
 ) -> PulledModel:
-    """Make ``ref`` available locally; see the module docstring."""
+    """Make ``ref`` available locally (with the repo's projector unless ``mmproj`` is
+    False); see the module docstring."""
     settings = settings or hub_settings()
     sink = progress or SilentProgress()
     if settings.offline:
@@ -92,7 +103,10 @@ def pull(
         return _from_cache(settings, ref, f"the hub is unreachable ({error.message})")
     entry = choose_entry(listing, ref.selector)
     fetched = [_fetch(settings, listing, remote, sink) for remote in entry.files]
+    projector = best_projector(listing.projectors, entry) if mmproj else None
+    projector_path = _fetch(settings, listing, projector, sink)[0] if projector else None
     cache.write_ref(settings.cache_dir, listing.repo_id, listing.commit)
+    notes = (f"with its vision projector {projector.path}",) if projector else ()
     return PulledModel(
         listing.repo_id,
         listing.commit,
@@ -101,7 +115,8 @@ def pull(
         entry.total_bytes,
         sum(n for _, n in fetched),
         False,
-        (),
+        notes,
+        projector_path,
     )
 
 

@@ -108,7 +108,28 @@ def _stem(path: str, quant: str) -> str:
 
 
 def is_projector(path: str) -> bool:
-    return path.rsplit("/", 1)[-1].lower().startswith("mmproj")
+    """A vision projector by llama.cpp's naming: ``mmproj-*.gguf`` or ``*mmproj*.gguf``."""
+    return "mmproj" in path.rsplit("/", 1)[-1].lower()
+
+
+PROJECTOR_TYPES = ("F16", "BF16", "Q8_0")  # preferred in this order; then others, F32 last
+
+
+def best_projector(projectors: tuple[RemoteFile, ...], entry: GgufEntry) -> RemoteFile | None:
+    """The projector to fetch with ``entry``: one named after it first, then by type."""
+    model_name = _plain(entry.stem)
+
+    def rank(remote: RemoteFile) -> tuple[int, int, str]:
+        named = bool(model_name) and model_name in _plain(strip_quant(remote.path))
+        label = quant_label(remote.path)
+        by_type = PROJECTOR_TYPES.index(label) if label in PROJECTOR_TYPES else 3 + (label == "F32")
+        return (-int(named), by_type, remote.path)
+
+    return min(projectors, key=rank, default=None)
+
+
+def _plain(text: str) -> str:
+    return "".join(c for c in text.lower().replace("mmproj", "") if c.isalnum())
 
 
 def group_entries(files: list[RemoteFile]) -> tuple[GgufEntry, ...]:

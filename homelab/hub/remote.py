@@ -17,9 +17,10 @@ import httpx2
 from homelab.errors import HubError, ModelFileError
 from homelab.gguf.header import RawHeader, check_data_fits, parse_header
 from homelab.gguf.model import ModelInfo
+from homelab.gguf.projector import ProjectorInfo, projector_from_header
 from homelab.gguf.reader import model_from_headers
 from homelab.hub.client import RepoListing, file_url, open_range
-from homelab.hub.quants import GgufEntry, RemoteFile
+from homelab.hub.quants import GgufEntry, RemoteFile, best_projector
 from homelab.hub.settings import HubSettings
 
 FIRST_CHUNK_BYTES = 1 << 20
@@ -154,6 +155,21 @@ def read_remote_header(
     if remote.size_bytes:
         check_data_fits(header, remote.size_bytes, label)
     return header
+
+
+def remote_projector(
+    settings: HubSettings, listing: RepoListing, entry: GgufEntry
+) -> ProjectorInfo | None:
+    """The projector a pull of ``entry`` would fetch, from its remote header (None when the
+    repo has none, or its header is not a projector's)."""
+    remote = best_projector(listing.projectors, entry)
+    if remote is None:
+        return None
+    try:
+        header = read_remote_header(settings, listing, remote)
+        return projector_from_header(header, f"hf://{listing.repo_id}/{remote.path}")
+    except (HubError, ModelFileError):
+        return None
 
 
 def remote_source(listing: RepoListing, entry: GgufEntry) -> str:

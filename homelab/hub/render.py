@@ -155,6 +155,7 @@ def pulled_document(pulled: PulledModel) -> dict[str, Any]:
         "downloaded_bytes": pulled.downloaded_bytes,
         "from_cache_only": pulled.from_cache_only,
         "notes": list(pulled.notes),
+        "mmproj": str(pulled.mmproj) if pulled.mmproj else None,
     }
 
 
@@ -201,6 +202,7 @@ def _model_document(model: LocalModel, fit: Fit | None) -> dict[str, Any]:
         "n_files": info.n_files if info else None,
         "provenance": asdict(model.provenance) if model.provenance else None,
         "fit": asdict(fit) if fit else None,
+        "mmproj": str(model.mmproj) if model.mmproj else None,
     }
 
 
@@ -218,7 +220,7 @@ def format_models(
     return (
         f"{table(headers, rows)}\n\n"
         "FITS NOW: the planner's choice for the memory free now (placement · context per "
-        "slot · KV cache · decode speed).\n"
+        "slot · KV cache · decode speed). +vision: an mmproj beside it (images).\n"
         f'Every verb takes a NAME as MODEL, e.g. homelab run {example} --prompt "hi"'
     )
 
@@ -234,7 +236,7 @@ def _model_row(model: LocalModel, fit: Fit | None) -> list[str]:
         model.name,
         model.quant + made,
         size,
-        info.architecture,
+        info.architecture + (" +vision" if model.mmproj else ""),
         _params(info.n_params),
         fit.summary if fit else "-",
         model.origin,

@@ -11,9 +11,11 @@ become :mod:`homelab.errors` types with a message that says what to do.
     model       ModelParams (GPU layers, CPU-kept MoE experts, dry run) and Model.load
     context     ContextParams and Context (decode, logits, sizes llama.cpp chose)
     embeddings  EmbeddingContext: pooled vectors per sequence (the model's pooling or one named)
+    mtmd        Projector: a vision projector (libmtmd) — prompts with images, encode, decode
     batch       Batch: tokens with positions, sequence ids and output flags
     vocab       Vocab: tokenize / detokenize, BOS / EOS / end-of-generation tokens
     memory      SequenceMemory: clear, drop a suffix, copy, first / last position
+    state       a sequence's state to bytes and back (whole, or the SWA / recurrent part)
     logits      a decode's logits as numpy views
     sampler     SamplerChain: llama.cpp's sampler-chain API
     candidates  the distribution a chain picks from (speculative sampling's acceptance rule)

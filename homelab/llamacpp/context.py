@@ -142,6 +142,13 @@ class Context(Closing):
 
         return logits_row(self.pointer, row, self.n_vocab)
 
+    def output_logits(self, n_rows: int) -> np.ndarray | None:
+        """The logits of the last decode's ``n_rows`` outputs, in batch order, as a view
+        ``(n_rows, n_vocab)`` valid until the next decode; None when it kept none."""
+        from homelab.llamacpp.logits import output_logits
+
+        return output_logits(self.pointer, n_rows, self.n_vocab)
+
     def all_logits(self, n_rows: int) -> np.ndarray:
         """The logits of the last decode's ``n_rows`` rows, when every token was an output."""
         from homelab.llamacpp.logits import all_logits

@@ -31,9 +31,10 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger("homelab.llamacpp")
+T = TypeVar("T")
 
 
 @dataclass
@@ -174,6 +175,12 @@ _LANE = ComputeLane()
 def decode_on_lane(decode: Callable[[], int]) -> int:
     """Run one llama.cpp decode (or encode) on the process's compute lane."""
     return int(_LANE.run(decode))
+
+
+def run_on_lane(function: Callable[[], T]) -> T:
+    """Run other llama.cpp compute (a vision projector's encode) on the compute lane."""
+    result: T = _LANE.run(function)
+    return result
 
 
 def attach(resident: Resident) -> None:

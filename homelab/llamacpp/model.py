@@ -118,6 +118,7 @@ class Model(Closing):
 
     def close(self) -> None:
         if self.pointer is not None:
+            self.vocab.pointer = None  # it lives in the model: tokenizing now would crash
             self._lib.llama_model_free(self.pointer)
             self.pointer = None
 

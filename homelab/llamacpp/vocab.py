@@ -13,7 +13,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from homelab.errors import EngineError
+from homelab.errors import EngineClosedError, EngineError
 from homelab.llamacpp._lib import lib
 
 PIECE_BUFFER_BYTES = 256  # longer than any token llama.cpp renders in practice
@@ -60,6 +60,17 @@ class Vocab:
 
     # --- text <-> tokens -------------------------------------------------------------------
 
+    def _live_pointer(self) -> Any:
+        """The vocabulary's pointer, or EngineClosedError once its model is freed (a NULL
+        vocabulary crashes llama.cpp: a request tokenized after its engine closed)."""
+        pointer = self.pointer
+        if pointer is None:
+            raise EngineClosedError(
+                "the model was unloaded: its vocabulary is gone",
+                hint="Send the request again; the server loads the model anew.",
+            )
+        return pointer
+
     def tokenize(self, text: str, *, add_bos: bool, parse_special: bool) -> list[int]:
         """The tokens of ``text``; ``parse_special`` reads ``<|im_start|>`` as one token."""
         data = text.encode("utf-8")
@@ -78,7 +89,7 @@ class Vocab:
     ) -> tuple[int, Any]:
         tokens = (self._lib.llama_token * capacity)()
         count = self._lib.llama_tokenize(
-            self.pointer, data, len(data), tokens, capacity, add_bos, parse_special
+            self._live_pointer(), data, len(data), tokens, capacity, add_bos, parse_special
         )
         return int(count), tokens
 
@@ -88,12 +99,11 @@ class Vocab:
         Safe from any thread: each call has its own buffer (callers cache hot tokens).
         """
         buffer = ctypes.create_string_buffer(PIECE_BUFFER_BYTES)
-        size = self._lib.llama_token_to_piece(self.pointer, token, buffer, len(buffer), 0, special)
+        pointer = self._live_pointer()
+        size = self._lib.llama_token_to_piece(pointer, token, buffer, len(buffer), 0, special)
         if size < 0:  # longer than the buffer: llama.cpp says how long
             buffer = ctypes.create_string_buffer(-size)
-            size = self._lib.llama_token_to_piece(
-                self.pointer, token, buffer, len(buffer), 0, special
-            )
+            size = self._lib.llama_token_to_piece(pointer, token, buffer, len(buffer), 0, special)
         return bytes(buffer.raw[: max(size, 0)])
 
     def longest_token_bytes(self) -> int | None:

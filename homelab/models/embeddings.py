@@ -28,6 +28,7 @@ from homelab.planner.embeddings import embedding_memory, reserve_embeddings
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine
+    from homelab.engine.state_cache.store import PromptCache
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
 
@@ -45,16 +46,21 @@ def planning_hardware(model_path: Path, hardware: Hardware, pooling: str | None)
 
 
 def load_serving_engine(
-    ref: ModelRef, plan: Plan, overrides: Overrides | None = None, pooling: str | None = None
+    ref: ModelRef,
+    plan: Plan,
+    overrides: Overrides | None = None,
+    pooling: str | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Engine | EmbeddingModelEngine:
     """The engine ``homelab serve`` runs for ``ref``: an embedding model alone, or the planned
-    generation engine (with an embedder beside it when ``pooling`` is given)."""
+    generation engine (with an embedder beside it when ``pooling`` is given), keeping its
+    slots' states in ``prompt_cache`` when one is given."""
     path = planned_file(ref, plan)
     info = read_model(path)
     if is_embedding_model(info):
         settings = (overrides or Overrides()).apply(plan.settings)
         return EmbeddingModelEngine.load(path, settings, info, EmbeddingOptions(pooling=pooling))
-    engine = load_plan(ref, plan, overrides)
+    engine = load_plan(ref, plan, overrides, prompt_cache=prompt_cache)
     if pooling is None:
         return engine
     try:

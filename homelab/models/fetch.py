@@ -373,11 +373,37 @@ def _remote_plan(
     from homelab.hub.remote import remote_model
 
     info = remote_model(settings, listing, entry)
+    request = with_remote_projector(settings, listing, entry, request, info)
     try:
         plan = _plan([info], replace(request, quant=None), hardware)
     except PlanError as error:
         return None, error.message
     return plan, None if plan.fits else "the planner's best configuration exceeds the budget"
+
+
+def with_remote_projector(
+    settings: HubSettings,
+    listing: RepoListing,
+    entry: GgufEntry,
+    request: PlanRequest,
+    info: ModelInfo,
+) -> PlanRequest:
+    """``request`` with the projector the pull would fetch beside ``entry`` (its memory in
+    the offer's plan), unless ``--no-mmproj``/``--mmproj`` decide, or it does not fit."""
+    from homelab.errors import ModelFileError
+    from homelab.gguf.projector import check_pair
+    from homelab.hub.remote import remote_projector
+
+    if request.no_mmproj or request.mmproj_path or request.projector is not None:
+        return request
+    projector = remote_projector(settings, listing, entry)
+    if projector is None:
+        return request
+    try:
+        check_pair(projector, info.n_embd, info.name)
+    except ModelFileError:
+        return request
+    return replace(request, projector=projector)
 
 
 # --- 7. the download ---------------------------------------------------------------------

@@ -54,11 +54,12 @@ def plan_file(
     ignored: the file's own is used). Raises the ref's error when there is no file to load,
     PlanError when nothing fits."""
     from homelab.gguf.reader import read_model
+    from homelab.models.mmproj import with_projector
     from homelab.planner.plan import plan_model
     from homelab.planner.search import PlanRequest
 
     info = read_model(ref.local_path())
-    request = replace(request or PlanRequest(), quant=None)
+    request = with_projector(replace(request or PlanRequest(), quant=None), info)
     return plan_model(info, hardware, request, verify=verify)
 
 

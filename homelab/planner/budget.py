@@ -326,3 +326,36 @@ def _positive_budget(budget: int, what: str) -> int:
 
 def _gib(n_bytes: int) -> str:
     return format_gib(n_bytes)
+
+
+RESERVED_NOTE_PREFIX = "set aside on the host:"  # render.py shows these notes under Memory
+PROMPT_CACHE_RAM_SHARE = 0.10  # of the host budget, for saved prompt states by default
+PROMPT_CACHE_RAM_MAX_BYTES = 8 * GIB  # llama-server's --cache-ram default
+
+
+def default_prompt_cache_bytes(hardware: Hardware) -> int:
+    """The RAM ``serve`` keeps for saved prompt states unless told: a share of the host's
+    budget, at most :data:`PROMPT_CACHE_RAM_MAX_BYTES`."""
+    share = int(hardware.cpu.budget_bytes * PROMPT_CACHE_RAM_SHARE)
+    return min(share, PROMPT_CACHE_RAM_MAX_BYTES)
+
+
+def reserve_host(hardware: Hardware, n_bytes: int, what: str) -> Hardware:
+    """``hardware`` with ``n_bytes`` of host RAM set aside for ``what`` (the plan never uses
+    them, and shows why in the host's budget note)."""
+    if n_bytes <= 0:
+        return hardware
+    from dataclasses import replace
+
+    host = hardware.cpu
+    budget = host.budget_bytes - n_bytes
+    if budget <= 0:
+        raise ConfigError(
+            f"{what} ({format_gib(n_bytes)}) takes all of the host's "
+            f"{format_gib(host.budget_bytes)}.",
+            hint="Lower --cache-ram-mib, or pass --no-prompt-cache.",
+        )
+    note = f"{host.budget_note} minus {format_gib(n_bytes)} for {what}"
+    shown = f"{RESERVED_NOTE_PREFIX} {format_gib(n_bytes)} for {what} (not planned)"
+    devices = (replace(host, budget_bytes=budget, budget_note=note), *hardware.gpus)
+    return replace(hardware, devices=devices, notes=(*hardware.notes, shown))

@@ -26,6 +26,7 @@ from homelab.planner.cache import kv_bytes_by_layer, recurrent_bytes_by_layer
 from homelab.planner.compute import GraphPart, compute_bytes, graph_facts
 from homelab.planner.geometry import cache_geometry
 from homelab.planner.placement import layer_devices, offload_split, unused_devices, weight_table
+from homelab.planner.projector import ProjectorCost
 from homelab.settings import Settings
 
 F32 = 4
@@ -45,6 +46,7 @@ class DeviceMemory:
     compute_bytes: int
     overhead_bytes: int
     draft_bytes: int = 0  # the speculative draft's weights, KV, compute and logits here
+    projector_bytes: int = 0  # the vision projector's weights and warm-up compute buffer here
 
     @property
     def total_bytes(self) -> int:
@@ -55,6 +57,7 @@ class DeviceMemory:
             + self.compute_bytes
             + self.overhead_bytes
             + self.draft_bytes
+            + self.projector_bytes
         )
 
     @property
@@ -66,7 +69,8 @@ class DeviceMemory:
         return self.total_bytes <= self.budget_bytes
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        projector = {"projector_bytes": self.projector_bytes} if self.projector_bytes else {}
+        return projector | {
             "name": self.name,
             "kind": self.kind,
             "label": self.label,
@@ -92,6 +96,10 @@ class MemoryEstimate:
     @property
     def draft_bytes(self) -> int:
         return sum(d.draft_bytes for d in self.devices)
+
+    @property
+    def projector_bytes(self) -> int:
+        return sum(d.projector_bytes for d in self.devices)
 
     @property
     def weights_bytes(self) -> int:
@@ -142,6 +150,8 @@ class MemoryEstimate:
         if self.draft is not None:
             document["draft_bytes"] = self.draft_bytes
             document["draft"] = self.draft.to_dict()
+        if self.projector_bytes:
+            document["projector_bytes"] = self.projector_bytes
         return document
 
 
@@ -153,9 +163,11 @@ class MemoryModel:
         model: ModelInfo,
         compute_correction: dict[str, int] | None = None,
         draft: MemoryModel | None = None,
+        projector: ProjectorCost | None = None,
     ) -> None:
         self.model = model
         self.draft = draft  # the speculative draft loaded beside this model, if any
+        self.projector = projector  # the vision projector loaded with it, if any
         self.geometry = cache_geometry(model)
         self.facts = graph_facts(model)
         self.weights = weight_table(model)
@@ -179,7 +191,10 @@ class MemoryModel:
     def without_draft(self) -> MemoryModel:
         if self.draft is None:
             return self
-        return MemoryModel(self.model, self.compute_correction)
+        return MemoryModel(self.model, self.compute_correction, projector=self.projector)
+
+    def with_projector(self, projector: ProjectorCost | None) -> MemoryModel:
+        return MemoryModel(self.model, self.compute_correction, self.draft, projector)
 
     def estimate(self, settings: Settings, hardware: Hardware) -> MemoryEstimate:
         own = self._estimate(settings, hardware)
@@ -221,7 +236,19 @@ class MemoryModel:
             else _left_out(device)
             for index, device in enumerate(hardware.devices)
         )
-        return MemoryEstimate(devices)
+        return MemoryEstimate(self._with_projector(devices, hardware))
+
+    def _with_projector(
+        self, devices: tuple[DeviceMemory, ...], hardware: Hardware
+    ) -> tuple[DeviceMemory, ...]:
+        """The projector on the first local GPU (when it is offloaded), else the host."""
+        if self.projector is None:
+            return devices
+        index = projector_device(hardware, self.projector.on_gpu)
+        cost = self.projector.total_bytes
+        return tuple(
+            replace(d, projector_bytes=cost) if i == index else d for i, d in enumerate(devices)
+        )
 
     @staticmethod
     def _per_device(sizes: dict[int, int], placement: tuple[int, ...], count: int) -> list[int]:
@@ -266,6 +293,14 @@ class MemoryModel:
         if device.kind == "gpu":
             return device.overhead_bytes
         return F32 * self.model.n_vocab * settings.n_parallel  # logits output buffer
+
+
+def projector_device(hardware: Hardware, on_gpu: bool) -> int:
+    """The device index a projector goes on: mtmd takes the first GPU, else the host."""
+    if not on_gpu:
+        return 0
+    gpus = (i for i, d in enumerate(hardware.devices) if d.kind == "gpu" and d.endpoint is None)
+    return next(gpus, 0)
 
 
 def _left_out(device: Device) -> DeviceMemory:

@@ -21,6 +21,13 @@ from homelab.planner.draft import VOCAB_SLACK, check_draft, draft_settings
 from homelab.planner.dryrun import DryRunResult, dry_run
 from homelab.planner.memory import MemoryEstimate, MemoryModel, draft_share
 from homelab.planner.predict import Prediction, predict_speed
+from homelab.planner.projector import (
+    ProjectorCost,
+    image_budget,
+    projector_cost,
+    projector_settings,
+    with_budget,
+)
 from homelab.planner.rules import (
     DEFAULT_KV_PAIRS,
     KvPair,
@@ -129,6 +136,7 @@ class Plan:
     draft_name: str | None = None  # --draft: the speculative draft loaded beside the model
     draft_source: str | None = None
     draft_suggestion: str | None = None  # a local model that could draft (``--draft NAME``)
+    projector: ProjectorCost | None = None  # the vision projector loaded with the model
 
     @property
     def fits(self) -> bool:
@@ -162,6 +170,7 @@ class Plan:
             if self.draft_name
             else None,
             "draft_suggestion": self.draft_suggestion,
+            "projector": self.projector.to_dict() if self.projector else None,
         }
 
 
@@ -206,10 +215,55 @@ def plan_model(
         request, draft_notes = with_draft_knobs(request, variants[0])
     else:
         draft_notes = []
+    if request.projector is not None:
+        return _plan_with_projector(variants, hardware, request, verify, draft_notes)
     plan = _plan(variants, hardware, request, verify, draft_notes)
     if request.draft is None and draft_candidates and plan.fits:
         return with_suggestion(plan, draft_candidates, hardware, request)
     return plan
+
+
+def _plan_with_projector(
+    variants: Sequence[ModelInfo],
+    hardware: Hardware,
+    request: PlanRequest,
+    verify: bool,
+    draft_notes: list[str],
+) -> Plan:
+    """The projector on the GPU unless told otherwise; when the plan cannot fit it there and
+    its device was left open, on the CPU (said in the reasons)."""
+    info = request.projector
+    assert info is not None
+    on_gpu = hardware.has_gpu and request.mmproj_offload is not False
+
+    def placed(gpu: bool) -> PlanRequest:
+        cost = projector_cost(
+            info,
+            on_gpu=gpu,
+            image_max_tokens=request.image_max_tokens,
+            measure=verify,
+        )
+        return replace(request, projector_cost=cost)
+
+    if not on_gpu:
+        return _plan(variants, hardware, placed(False), verify, draft_notes)
+    gpu_request = placed(True)
+    size = format_size(gpu_request.projector_cost.total_bytes if gpu_request.projector_cost else 0)
+    offer = (
+        f"The vision projector ({size}) does not fit on the GPU with this model; "
+        "--mmproj-cpu puts it on the CPU (slower image encoding), --no-mmproj leaves it out."
+    )
+    try:
+        plan = _plan(variants, hardware, gpu_request, verify, draft_notes)
+    except PlanError as error:
+        if request.mmproj_offload:
+            raise PlanError(error.message, hint=offer) from None
+        plan = None
+    if plan is not None and (plan.fits or request.mmproj_offload):
+        return plan if plan.fits else replace(plan, reasons=(*plan.reasons, offer))
+    on_cpu = _plan(variants, hardware, placed(False), verify, draft_notes)
+    note = f"the vision projector ({size}) goes on the CPU: on the GPU it does not fit"
+    return replace(on_cpu, reasons=(*on_cpu.reasons, note))
 
 
 def _plan(
@@ -252,11 +306,17 @@ def build_plan(
 ) -> Plan:
     model = choice.model
     capacity = capacity_rows(choice, hardware)
+    projector = _final_projector(request, choice.settings.n_ctx_per_slot)
+    budget_note = _image_budget_note(request, projector)
+    if projector != choice.memory.projector:  # a smaller image budget: a smaller buffer
+        memory = choice.memory.with_projector(projector)
+        choice = Choice(memory, choice.settings, memory.estimate(choice.settings, hardware))
     all_reasons = [
         *explain(choice, hardware, request, variants),
         *draft_reasons(choice),
         *reasons,
         *_verification_reasons(verification),
+        *budget_note,
     ]
     return Plan(
         model_name=model.name,
@@ -267,7 +327,7 @@ def build_plan(
         quants_considered=tuple(m.file_type for m in order_by_quality(variants)),
         goal=request.goal,
         hardware=hardware,
-        settings=choice.settings,
+        settings=projector_settings(choice.settings, projector),
         memory=choice.estimate,
         capacity=capacity,
         predicted=predict_speed(choice.memory, choice.settings, hardware),
@@ -275,7 +335,31 @@ def build_plan(
         reasons=tuple(all_reasons),
         draft_name=request.draft.name if request.draft else None,
         draft_source=request.draft.source if request.draft else None,
+        projector=projector,
     )
+
+
+def _image_budget_note(request: PlanRequest, projector: ProjectorCost | None) -> list[str]:
+    """Why images are held below the projector's own maximum (mtmd scales them down)."""
+    most = request.projector.max_image_tokens() if request.projector else None
+    if projector is None or most is None or projector.image_max_tokens in (None, most):
+        return []
+    why = (
+        "as asked" if request.image_max_tokens else "half a slot's context, to leave room for text"
+    )
+    return [
+        f"images up to {projector.image_max_tokens} tokens ({why}; the projector allows {most}, "
+        "larger images are scaled down — --image-max-tokens N sets it)"
+    ]
+
+
+def _final_projector(request: PlanRequest, n_ctx_per_slot: int) -> ProjectorCost | None:
+    """The placed projector with the per-image budget the chosen slot context leaves (the
+    search priced the projector's maximum, an upper bound; this is what mtmd will reserve)."""
+    cost, info = request.projector_cost, request.projector
+    if cost is None or info is None:
+        return cost
+    return with_budget(cost, info, image_budget(info, request.image_max_tokens, n_ctx_per_slot))
 
 
 # --- capacity ------------------------------------------------------------------------------
@@ -424,7 +508,7 @@ def _with_engine_compute(
             draft = MemoryModel(draft.model, draft_correction)
     if not correction and draft is choice.memory.draft:
         return choice
-    memory = MemoryModel(choice.model, correction, draft=draft)
+    memory = MemoryModel(choice.model, correction, draft=draft, projector=choice.memory.projector)
     return Choice(memory, choice.settings, memory.estimate(choice.settings, hardware))
 
 

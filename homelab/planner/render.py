@@ -3,6 +3,7 @@ predicted speed, what llama.cpp confirmed, and the reasons."""
 
 from __future__ import annotations
 
+from homelab.planner.budget import RESERVED_NOTE_PREFIX
 from homelab.planner.memory import DeviceMemory
 from homelab.planner.plan import CapacityRow, Plan, Verification
 from homelab.planner.search import CAPACITY_LIMIT_TOKENS
@@ -86,6 +87,9 @@ def _memory(plan: Plan) -> str:
         lines.append(_device_line(device))
     if plan.memory.draft is not None:
         lines.extend(_draft_lines(plan))
+    if plan.projector is not None:
+        lines.append(_projector_line(plan))
+    lines.extend(f"  {n}" for n in plan.hardware.notes if n.startswith(RESERVED_NOTE_PREFIX))
     remote = [d for d in plan.hardware.gpus if d.endpoint]
     if remote:
         lines.append("  RPC workers (unauthenticated: loopback or a private link only)")
@@ -110,6 +114,22 @@ def _draft_lines(plan: Plan) -> list[str]:
         + " ".join(f"{c:>10}" for c in cells)
         + f" {format_size(plan.memory.draft_bytes):>10}   on {where}"
     ]
+
+
+def _projector_line(plan: Plan) -> str:
+    """The vision projector's bytes (inside its device's total above) and its image budget."""
+    projector = plan.projector
+    assert projector is not None
+    device = next((d.name for d in plan.memory.devices if d.projector_bytes), "CPU")
+    tokens = projector.image_max_tokens
+    each = "exactly" if projector.fixed_tokens else "up to"
+    images = f"images {each} {tokens} tokens" if tokens else "image tokens: the projector's rule"
+    return (
+        f"  projector {projector.projector_type} on {device}: "
+        f"{format_size(projector.weights_bytes)} weights + "
+        f"{format_size(projector.compute_bytes)} compute ({projector.compute_source}) = "
+        f"{format_size(projector.total_bytes)} (in the totals above) · {images}"
+    )
 
 
 def _device_line(device: DeviceMemory) -> str:

@@ -27,11 +27,13 @@ from dataclasses import dataclass, replace
 
 from homelab.errors import PlanError
 from homelab.gguf.model import ModelInfo
+from homelab.gguf.projector import ProjectorInfo
 from homelab.planner.budget import Hardware
 from homelab.planner.cache import CTX_PAD, pad
 from homelab.planner.memory import MemoryEstimate, MemoryModel
 from homelab.planner.placement import check_split_mode
 from homelab.planner.predict import roofline_decode_tok_s
+from homelab.planner.projector import ProjectorCost, projector_settings
 from homelab.planner.rules import (
     DEFAULT_KV_PAIRS,
     KvPair,
@@ -75,6 +77,12 @@ class PlanRequest:
     split_mode: str = "layer"  # --split-mode layer|row|none (see planner.placement)
     main_gpu: int = 0  # --main-gpu: the offload device of split mode none
     draft: ModelInfo | None = None  # --draft: a speculative draft loaded beside the model
+    mmproj_path: str | None = None  # --mmproj PATH (homelab.models resolves it into projector)
+    no_mmproj: bool = False  # --no-mmproj: no projector, even with one beside the model
+    projector: ProjectorInfo | None = None  # the vision projector (mmproj) loaded with it
+    mmproj_offload: bool | None = None  # its device: None = the GPU when it fits there
+    image_max_tokens: int = 0  # --image-max-tokens (0: the projector's own maximum)
+    projector_cost: ProjectorCost | None = None  # set by plan_model: the projector placed
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,11 @@ class Search:
         check_split_mode(request.split_mode, request.main_gpu, hardware)
         self.models = list(models)
         draft = MemoryModel(request.draft) if request.draft is not None else None
-        self.candidates = [MemoryModel(m, draft=draft) for m in select_quant(models, request.quant)]
+        projector = request.projector_cost
+        self.candidates = [
+            MemoryModel(m, draft=draft, projector=projector)
+            for m in select_quant(models, request.quant)
+        ]
         self.all_quants = [m.file_type for m in order_by_quality(models)]
         self.reasons: list[str] = []
 
@@ -164,7 +176,7 @@ class Search:
             n_gpu_layers = self.request.n_gpu_layers
         else:
             n_gpu_layers = memory.full_offload_layers
-        return Settings(
+        settings = Settings(
             quant=memory.model.file_type,
             n_ctx=CTX_PAD * n_parallel,
             n_ctx_per_slot=CTX_PAD,
@@ -182,6 +194,7 @@ class Search:
             split_mode=self.request.split_mode,
             main_gpu=self.request.main_gpu,
         )
+        return projector_settings(settings, self.request.projector_cost)
 
     @staticmethod
     def with_ctx(settings: Settings, per_slot: int) -> Settings:
@@ -526,6 +539,11 @@ class Search:
             f"{device.name} ({device.label}, budget {_gib(device.budget_bytes)}): weights "
             f"{_gib(device.weights_bytes)}, KV {_gib(device.kv_bytes)}, compute "
             f"{_gib(device.compute_bytes)}, overhead {_gib(device.overhead_bytes)}"
+            + (
+                f", vision projector {_gib(device.projector_bytes)}"
+                if device.projector_bytes
+                else ""
+            )
             + (
                 f", draft {memory.draft.model.name} {_gib(device.draft_bytes)}."
                 if memory.draft is not None

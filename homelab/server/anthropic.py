@@ -2,7 +2,8 @@
 
 A Messages request becomes the messages the chat template takes (system prompt first, a
 ``tool_result`` block becomes a ``tool`` message, a ``tool_use`` block an assistant tool
-call, a ``thinking`` block the turn's ``reasoning_content``) and then runs the chat path:
+call, a ``thinking`` block the turn's ``reasoning_content``, a ``system`` message among the
+turns user text where it stands) and then runs the chat path:
 model name, template, tool rendering, the forced-call grammar, context and limits, the
 tenant's prefix cache, metrics. A final assistant message is a prefill: the reply continues
 it. What comes back is parsed by :mod:`homelab.server.replies` into ``thinking``, ``text`` and
@@ -32,8 +33,10 @@ from homelab.server.anthropic_protocol import (
     MAX_TOKENS_CEILING,
     Conversation,
     CountTokensRequest,
+    ImageBlock,
     MessageParam,
     MessagesRequest,
+    TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
@@ -86,7 +89,7 @@ async def create_message(ctx: RequestContext, req: MessagesRequest) -> Response:
 async def count_tokens(ctx: RequestContext, req: CountTokensRequest) -> Response:
     check_model_name(ctx.config, req.model)
     rendered = await render_chat(ctx, chat_inputs(req))
-    return JSONResponse({"input_tokens": len(rendered.tokens)})
+    return JSONResponse({"input_tokens": rendered.n_prompt_tokens})
 
 
 # --- the conversation as chat inputs ---------------------------------------------------------
@@ -127,7 +130,11 @@ def template_messages(conv: Conversation) -> tuple[list[dict[str, Any]], str]:
     if system:
         rendered.append({"role": "system", "content": system})
     for message in messages:
-        rendered += _user_turn(message) if message.role == "user" else [_assistant_turn(message)]
+        # a system message among the turns is read as the user's side: many templates drop
+        # or refuse a system message after the first (gpt-oss, Qwen3.5, Mistral, Gemma) and it
+        # must stay where it is for the prompt to remain a prefix of the next turn's
+        is_assistant = message.role == "assistant"
+        rendered += [_assistant_turn(message)] if is_assistant else _user_turn(message)
     return _joined_turns(rendered), prefill
 
 
@@ -137,10 +144,22 @@ def _user_turn(message: MessageParam) -> list[dict[str, Any]]:
         if isinstance(block, ToolResultBlock):
             text = f"Error: {block.content}" if block.is_error else str(block.content)
             turns.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": text})
-    text = message.text()
-    if text:
-        turns.append({"role": "user", "content": text})
+    if any(isinstance(block, ImageBlock) for block in message.blocks()):
+        turns.append({"role": "user", "content": _parts(message)})
+    elif message.text():
+        turns.append({"role": "user", "content": message.text()})
     return turns
+
+
+def _parts(message: MessageParam) -> list[dict[str, Any]]:
+    """A user message with images as the common form's text and image parts, in order."""
+    parts: list[dict[str, Any]] = []
+    for block in message.blocks():
+        if isinstance(block, ImageBlock):
+            parts.append({"type": "image", "image": block.image})
+        elif isinstance(block, TextBlock):
+            parts.append({"type": "text", "text": block.text})
+    return parts
 
 
 def _assistant_turn(message: MessageParam) -> dict[str, Any]:
@@ -175,7 +194,7 @@ def _joined_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ):
             joined.append(dict(turn))
             continue
-        last["content"] = "\n\n".join(t for t in (last["content"], turn["content"]) if t)
+        last["content"] = _joined_content(last["content"], turn["content"])
         if turn.get("tool_calls"):
             last["tool_calls"] = [*last.get("tool_calls", []), *turn["tool_calls"]]
         if turn.get("reasoning_content"):
@@ -183,6 +202,20 @@ def _joined_turns(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 last.get("reasoning_content", "") + turn["reasoning_content"]
             )
     return joined
+
+
+def _joined_content(first: Any, second: Any) -> Any:
+    """Two turns' content as one: text joined by a blank line; with images, parts."""
+    if isinstance(first, str) and isinstance(second, str):
+        return "\n\n".join(t for t in (first, second) if t)
+    head, tail = _as_parts(first), _as_parts(second)
+    return [*head, {"type": "text", "text": "\n\n"}, *tail] if head and tail else head + tail
+
+
+def _as_parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, list):
+        return list(content)
+    return [{"type": "text", "text": content}] if content else []
 
 
 # --- the response ----------------------------------------------------------------------------
@@ -328,7 +361,7 @@ async def _events(
     choices: list[ParsedChoice],
 ) -> AsyncIterator[bytes]:
     choice, blocks, completed = choices[0], _Blocks(), False
-    start_usage = {"input_tokens": len(prepared.rendered.tokens), "output_tokens": 0}
+    start_usage = {"input_tokens": prepared.rendered.n_prompt_tokens, "output_tokens": 0}
     message = {
         **_message_head(ctx, req),
         "content": [],

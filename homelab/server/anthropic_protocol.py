@@ -5,9 +5,14 @@ bytes, unknown fields ignored (``metadata``, ``cache_control``, ``service_tier``
 fields…), errors naming the parameter. Content may be a string or a list of blocks; blocks
 are validated one by one so an error says which block is wrong and why:
 
-- ``user`` messages hold ``text`` and ``tool_result`` blocks;
+- ``user`` messages hold ``text``, ``image`` and ``tool_result`` blocks (an image's ``base64``
+  source is decoded here, see :mod:`homelab.server.image_parts`; a ``url`` source only where
+  the server fetches URLs);
 - ``assistant`` messages hold ``text``, ``tool_use``, ``thinking`` and ``redacted_thinking``;
-- images, documents, citations and Anthropic's server tools are refused with a 400.
+- ``system`` messages (Claude Code's ``mid-conversation-system`` beta: operator text placed
+  among the turns, e.g. its agent and skill lists after the first user message) hold ``text``;
+- documents, citations, images inside tool results and Anthropic's server tools are refused
+  with a 400.
 
 The conversation rules the API enforces are checked here too: the first message is the
 user's, only the final assistant message may be empty (it is then a prefill to continue),
@@ -30,6 +35,8 @@ from pydantic import (
 )
 
 from homelab.engine.grammar import schema_depth
+from homelab.images.decoded import DecodedImage
+from homelab.server.image_parts import check_image_count, image_from_base64, image_from_remote
 from homelab.server.protocol import INT64_MAX, MAX_TOOLS
 
 MAX_TOKENS_CEILING = 1 << 20  # more is refused; up to this, the context left clamps it
@@ -49,6 +56,35 @@ class _Wire(BaseModel):
 class TextBlock(_Wire):
     type: Literal["text"]
     text: str
+
+
+class ImageBlock(_Wire):
+    """An image; ``source`` (``base64`` with ``media_type``, or ``url``) becomes its pixels."""
+
+    type: Literal["image"]
+    source: Any
+
+    @field_validator("source")
+    @classmethod
+    def _decoded(cls, value: Any, info: ValidationInfo) -> DecodedImage:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind == "base64":
+            data, media_type = value.get("data"), value.get("media_type")
+            if not isinstance(data, str) or not isinstance(media_type, str):
+                raise ValueError("a base64 source needs string 'media_type' and 'data'")
+            return image_from_base64(data, media_type, info.context)
+        if kind == "url" and isinstance(value.get("url"), str):
+            return image_from_remote(value["url"], info.context)
+        if kind == "file":
+            raise ValueError("file sources (the Files API) are not supported; send base64 data")
+        raise ValueError(
+            'source must be {"type": "base64", "media_type": ..., "data": ...} or '
+            '{"type": "url", "url": ...}'
+        )
+
+    @property
+    def image(self) -> DecodedImage:
+        return self.source  # type: ignore[no-any-return]
 
 
 class ToolUseBlock(_Wire):
@@ -85,21 +121,27 @@ class RedactedThinkingBlock(_Wire):
     data: str = ""
 
 
-Block = TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
 BLOCK_TYPES: dict[str, type[_Wire]] = {
     "text": TextBlock,
+    "image": ImageBlock,
     "tool_use": ToolUseBlock,
     "tool_result": ToolResultBlock,
     "thinking": ThinkingBlock,
     "redacted_thinking": RedactedThinkingBlock,
 }
 ROLE_BLOCKS = {
-    "user": ("text", "tool_result"),
+    "system": ("text",),
+    "user": ("text", "image", "tool_result"),
     "assistant": ("text", "tool_use", "thinking", "redacted_thinking"),
 }
 
 
-def _parse_block(block: Any, index: int, allowed: tuple[str, ...]) -> Block:
+def _parse_block(
+    block: Any, index: int, allowed: tuple[str, ...], context: dict[str, Any] | None = None
+) -> Block:
     kind = block.get("type") if isinstance(block, dict) else None
     if not isinstance(kind, str):
         raise ValueError(f"content block {index} must be an object with a string 'type'")
@@ -111,7 +153,7 @@ def _parse_block(block: Any, index: int, allowed: tuple[str, ...]) -> Block:
     if kind not in allowed:
         raise ValueError(f"content block {index}: '{kind}' blocks are not allowed here")
     try:
-        return BLOCK_TYPES[kind].model_validate(block)  # type: ignore[return-value]
+        return BLOCK_TYPES[kind].model_validate(block, context=context)  # type: ignore[return-value]
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"])
@@ -126,7 +168,7 @@ def _joined_text(blocks: list[Any]) -> str:
 
 
 class MessageParam(_Wire):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: Any
 
     @field_validator("content")
@@ -138,7 +180,7 @@ class MessageParam(_Wire):
         if not isinstance(value, list):
             raise ValueError("content must be a string or a list of content blocks")
         allowed = ROLE_BLOCKS.get(info.data.get("role", ""), tuple(BLOCK_TYPES))
-        return [_parse_block(block, i, allowed) for i, block in enumerate(value)]
+        return [_parse_block(block, i, allowed, info.context) for i, block in enumerate(value)]
 
     def blocks(self) -> list[Block]:
         return self.content if isinstance(self.content, list) else []
@@ -236,6 +278,12 @@ class Conversation(_Wire):
     thinking: ThinkingParam | None = None
     output_config: OutputConfigParam | None = None
 
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _image_count(cls, value: Any, info: ValidationInfo) -> Any:
+        check_image_count(count_image_blocks(value), info.context)  # before any is decoded
+        return value
+
     @field_validator("system")
     @classmethod
     def _system_text(cls, value: Any) -> str | None:
@@ -264,6 +312,19 @@ class Conversation(_Wire):
 
     def system_text(self) -> str | None:
         return self.system if isinstance(self.system, str) else None
+
+
+def count_image_blocks(messages: Any) -> int:
+    """How many image blocks a raw ``messages`` list holds (counted before any is decoded)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "image"
+    )
 
 
 def check_turns(messages: list[MessageParam]) -> None:

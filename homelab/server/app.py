@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -25,8 +26,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from homelab.engine.state_cache.store import PromptCache
 from homelab.errors import HomelabError
-from homelab.server import anthropic, chat, completions, embeddings, responses
+from homelab.server import anthropic, chat, completions, embeddings, responses, slots_admin
 from homelab.server.anthropic_protocol import (
     AnthropicErrorResponse,
     CountTokensRequest,
@@ -45,6 +47,7 @@ from homelab.server.errors import (
     service_unavailable,
 )
 from homelab.server.fleet import LEASES_KEY, Fleet, LeaseRelease, parse_keep_alive
+from homelab.server.image_parts import image_context
 from homelab.server.metrics import CONTENT_TYPE, ServerMetrics, render_fleet
 from homelab.server.middleware import (
     TENANT_KEY,
@@ -94,6 +97,7 @@ class ServerState:
         self.engine_provider = engine_provider
         self.config = config
         self.fleet = fleet  # several models (homelab serve without MODEL); None: one model
+        self.prompt_cache: PromptCache | None = None  # saved slot states (slots_admin)
         self.metrics = ServerMetrics()
         self.limiter = TenantLimiter()
         self.subscribers: list[RequestSubscriber] = []
@@ -126,10 +130,15 @@ def engine_failure(engine: EngineLike | None) -> str | None:
 
 
 def create_app(
-    engine_provider: EngineProvider, config: ServerConfig, fleet: Fleet | None = None
+    engine_provider: EngineProvider,
+    config: ServerConfig,
+    fleet: Fleet | None = None,
+    *,
+    prompt_cache: PromptCache | None = None,
 ) -> FastAPI:
     """One model from ``engine_provider``, or, with ``fleet``, every model of the fleet
-    (``engine_provider`` is then unused)."""
+    (``engine_provider`` is then unused). ``prompt_cache``: the engines' saved states, for
+    the admin routes and ``/metrics`` (``slots_admin``)."""
     app = FastAPI(
         title="homelab",
         summary="OpenAI-compatible endpoint for local models",
@@ -139,6 +148,8 @@ def create_app(
     state = ServerState(engine_provider, config, fleet)
     app.state.homelab = state
     _add_routes(app, state)
+    state.prompt_cache = prompt_cache
+    slots_admin.add_routes(app, prompt_cache, lambda model: _admin_engine(state, model))
     if fleet is not None:
         _add_fleet_routes(app, state, fleet)
     _add_error_handlers(app)
@@ -159,10 +170,17 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         raise ApiError(
             400, "The client disconnected during the upload.", code="client_disconnected"
         ) from None
+    context = image_context(server_state(request.app).config.image_policy)
     try:
-        return model.model_validate_json(raw)
+        if b"image" in raw:  # decoding images takes milliseconds: off the event loop
+            return await anyio.to_thread.run_sync(_validated, model, raw, context)
+        return _validated(model, raw, context)
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
+
+
+def _validated(model: type[Body], raw: bytes, context: dict[str, Any]) -> Body:
+    return model.model_validate_json(raw, context=context)
 
 
 async def serving_context(state: ServerState, request: Request, model: str) -> RequestContext:
@@ -217,13 +235,14 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics", response_class=PlainTextResponse, responses=ERROR_RESPONSES)
     async def metrics() -> Response:
+        cache_lines = slots_admin.metrics_lines(state.prompt_cache)
         if state.fleet is not None:
-            return Response(render_fleet(state.metrics, state.fleet), media_type=CONTENT_TYPE)
+            body = render_fleet(state.metrics, state.fleet) + cache_lines
+            return Response(body, media_type=CONTENT_TYPE)
         engine = state.engine_provider()
         snapshot = engine.metrics() if engine is not None else None
-        return Response(
-            state.metrics.render(snapshot, state.config.model_id), media_type=CONTENT_TYPE
-        )
+        body = state.metrics.render(snapshot, state.config.model_id) + cache_lines
+        return Response(body, media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def list_models() -> Any:
@@ -350,6 +369,18 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
         return {"model": name, "status": "unloaded", "unloaded": unloaded}
 
 
+async def _admin_engine(state: ServerState, model: str | None) -> Any:
+    """The engine an admin slot route acts on: the only one, or the loaded ``model``."""
+    if state.fleet is None:
+        return state.engine()
+    if not model:
+        raise invalid_request("Name the model: ?model=NAME.", param="model")
+    engine = state.fleet.model(model).engine
+    if engine is None:
+        raise invalid_request(f"The model '{model}' is not loaded.", param="model")
+    return engine
+
+
 def _admin_model_name(raw: bytes) -> str:
     try:
         document = json.loads(raw or b"{}")
@@ -376,13 +407,20 @@ def model_details(engine: EngineLike) -> dict[str, Any]:
     """A loaded model's context and capabilities, under the names clients read them:
     ``context_length`` (OpenRouter's, read by LiteLLM-style fetchers), ``max_model_len``
     (vLLM's), ``meta.n_ctx`` / ``meta.n_ctx_train`` (llama-server's),
-    ``capabilities`` (Ollama's strings) and ``architecture.input_modalities`` (no images).
+    ``capabilities`` (Ollama's strings) and ``architecture.input_modalities`` (images when a
+    vision projector is loaded).
     The context is what one request may use: a slot's, not the trained maximum."""
     template = engine.chat_template
     info = engine.model_info
     tools = template is not None and template.supports_tools
     thinks = template is not None and detect_reasoning(template.source) is not None
-    capabilities = ["completion", *(["tools"] if tools else []), *(["thinking"] if thinks else [])]
+    sees = engine.image_marker is not None  # a vision projector is loaded
+    capabilities = [
+        "completion",
+        *(["tools"] if tools else []),
+        *(["thinking"] if thinks else []),
+        *(["vision"] if sees else []),
+    ]
     return {
         "context_length": engine.n_ctx_per_slot,
         "max_model_len": engine.n_ctx_per_slot,
@@ -394,8 +432,11 @@ def model_details(engine: EngineLike) -> dict[str, Any]:
             "size": info.file_bytes,
         },
         "capabilities": capabilities,
-        "supports": {"tools": tools, "reasoning": thinks, "vision": False},
-        "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+        "supports": {"tools": tools, "reasoning": thinks, "vision": sees},
+        "architecture": {
+            "input_modalities": ["text", "image"] if sees else ["text"],
+            "output_modalities": ["text"],
+        },
     }
 
 

@@ -13,8 +13,10 @@ from typing import Any
 from homelab.errors import ConfigError
 from homelab.server.auth import KeyRing
 from homelab.server.history import DEFAULT_VOLATILE_PATTERNS, compiled
+from homelab.server.image_parts import DEFAULT_MAX_IMAGES, ImagePolicy
 
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+# room for a few realistic images (base64 adds a third) while staying bounded
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class ServerConfig:
     stored_responses: int = 256  # Responses API: kept responses, all tenants together
     stored_response_bytes: int = 64 * 1024 * 1024  # ... and their bytes (oldest dropped first)
     stored_response_ttl_s: float = 3600.0  # ... and how long one is kept
+    # images in chat requests: how many per request, and whether http(s) URLs are fetched
+    # (data URLs always work; local paths never)
+    max_images: int = DEFAULT_MAX_IMAGES
+    allow_image_urls: bool = False
+    allow_private_image_urls: bool = False  # ... also loopback / LAN / link-local hosts
 
     def __post_init__(self) -> None:
         try:
@@ -55,6 +62,14 @@ class ServerConfig:
                 f"serving on {self.host} (beyond this machine) needs API keys.",
                 hint="Add a key with `homelab serve --new-key TENANT`, or serve on 127.0.0.1.",
             )
+
+    @property
+    def image_policy(self) -> ImagePolicy:
+        return ImagePolicy(
+            max_images=self.max_images,
+            allow_urls=self.allow_image_urls or self.allow_private_image_urls,
+            allow_private_urls=self.allow_private_image_urls,
+        )
 
     @property
     def bound_to_loopback(self) -> bool:

@@ -18,8 +18,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from homelab.engine.api import EngineMetrics, FinishEvent, GenerationRequest, TokenEvent
+from homelab.engine.image_prompt import ImagePrompt
 from homelab.engine.loader import LoadReport
 from homelab.gguf.model import ModelInfo
+from homelab.images.decoded import DecodedImage
 
 Event = TokenEvent | FinishEvent
 
@@ -84,6 +86,13 @@ class EngineLike(Protocol):
     ) -> Sequence[int]: ...
     def detokenize(self, ids: Sequence[int]) -> str: ...
     def metrics(self) -> EngineMetrics: ...
+    @property
+    def image_marker(self) -> str | None:
+        """What stands for an image in a prompt (None: the model takes no images)."""
+
+    def tokenize_images(
+        self, text: str, images: Sequence[DecodedImage], add_bos: bool = True
+    ) -> ImagePrompt: ...
 
 
 class LoadedEngine(EngineLike, Protocol):

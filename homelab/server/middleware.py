@@ -39,6 +39,13 @@ TENANT_KEY = "homelab.tenant"
 USAGE_KEY = "homelab.usage"  # dict the routes fill with token counts for the request log
 PUBLIC_PATHS = frozenset({"/health"})
 ADMIN_PATHS = frozenset({"/metrics", "/admin/models", "/admin/models/load", "/admin/models/unload"})
+
+
+def _is_admin_path(path: str) -> bool:
+    """``/metrics`` and everything under ``/admin/`` (the slot routes take ids in the path)."""
+    return path in ADMIN_PATHS or path.startswith("/admin/")
+
+
 GENERATION_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
     | {"/v1/messages", "/v1/messages/count_tokens"}
@@ -108,13 +115,13 @@ class TenantGate:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
             await self.app(scope, receive, send)
             return
-        if scope["path"] in ADMIN_PATHS and self._local_admin(scope):
+        if _is_admin_path(scope["path"]) and self._local_admin(scope):
             await self.app(scope, receive, send)
             return
         release: Callable[[], None] | None = None
         try:
             tenant = self._authenticate(scope)
-            if scope["path"] in ADMIN_PATHS and not tenant.admin:
+            if _is_admin_path(scope["path"]) and not tenant.admin:
                 raise ApiError(403, "This endpoint needs an admin key.", code="admin_only")
             if scope["path"] in GENERATION_PATHS and scope["method"] == "POST":
                 release = self._admit(tenant)

@@ -26,7 +26,15 @@ import anyio.to_thread
 
 from homelab.engine.api import SamplingParams
 from homelab.engine.grammar import JSON_OBJECT_GRAMMAR, schema_to_grammar
+from homelab.engine.image_prompt import ImagePrompt
 from homelab.errors import EngineError
+from homelab.images.decoded import DecodedImage
+from homelab.server.chat_images import (
+    has_images,
+    no_images_here,
+    tokenize_with_images,
+    with_markers,
+)
 from homelab.server.engine_seam import EngineLike, TemplateLike
 from homelab.server.errors import context_length_exceeded, invalid_request, prompt_too_long
 from homelab.server.history import (
@@ -85,6 +93,12 @@ class RenderedChat:
     tools: list[dict[str, Any]] | None  # as rendered (None: no tools, none parsed)
     template: TemplateLike
     opened: bool  # the prompt leaves a <think> block open: the reply starts inside it
+    images: ImagePrompt | None = None  # a chat with images (then ``tokens`` are its tokens)
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        """The prompt's tokens as the model counts them (an image's tokens included)."""
+        return self.images.n_cells if self.images is not None else len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -97,7 +111,7 @@ class PreparedChat:
 
     @property
     def prompt(self) -> Prompt:
-        return Prompt(self.rendered.tokens, self.rendered.text)
+        return Prompt(self.rendered.tokens, self.rendered.text, self.rendered.images)
 
 
 Budget = Literal["refuse", "clamp"]  # a max_tokens beyond the room left: 400, or the room
@@ -119,7 +133,7 @@ async def prepare_chat(
     if grammar is not None and reply.opened:  # the reply starts inside <think>: let it think
         grammar = after_thought(grammar)
     completion_tokens = _completion_budget(
-        ctx, max_tokens, len(rendered.tokens), budget, knobs.min_tokens
+        ctx, max_tokens, rendered.n_prompt_tokens, budget, knobs.min_tokens
     )
     n_vocab = ctx.engine.model_info.n_vocab
 
@@ -206,16 +220,33 @@ async def _rendered(
         default_enable_thinking=ctx.config.enable_thinking,
     )
     config = ctx.config
-    messages = stable_messages(inputs.messages, config.volatile_patterns, config.history_reasoning)
+    messages, images = _image_parts_as_markers(ctx.engine, inputs.messages)
+    messages = stable_messages(messages, config.volatile_patterns, config.history_reasoning)
     if wants_object_arguments(template.source):  # GLM: arguments.items()
         messages = with_object_arguments(messages)
     if wants_thinking_field(template.source):  # gpt-oss
         messages = with_thinking_field(messages)
     base = await render_messages(ctx, template, messages, tools, switches)
     text = base + inputs.prefill
-    tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
     opened = base.rstrip().endswith(THINK_OPEN) and THINK_CLOSE not in inputs.prefill
+    if images:
+        prompt = await tokenize_with_images(ctx.engine, text, images)
+        return RenderedChat(text, prompt.tokens, tools, template, opened, prompt)
+    tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
     return RenderedChat(text, tokens, tools, template, opened)
+
+
+def _image_parts_as_markers(
+    engine: EngineLike, messages: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[DecodedImage]]:
+    """Image parts as the projector's marker in the text (the template renders text), and
+    the images in order; 400 naming the model when it takes no images."""
+    if not has_images(messages):
+        return messages, []
+    marker = engine.image_marker
+    if marker is None:
+        raise no_images_here(engine.model_info.name)
+    return with_markers(messages, marker)
 
 
 def _reply_format(ctx: RequestContext, inputs: ChatInputs, rendered: RenderedChat) -> ReplyFormat:
@@ -315,7 +346,7 @@ def chat_inputs(req: ChatCompletionRequest) -> ChatInputs:
 def template_message(message: ChatMessage) -> dict[str, Any]:
     rendered: dict[str, Any] = {
         "role": "system" if message.role == "developer" else message.role,
-        "content": message.text(),
+        "content": message.template_content(),  # text, or text and image parts
     }
     if message.tool_calls:
         rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]

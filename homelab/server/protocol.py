@@ -5,7 +5,9 @@ errors (``"5"`` is not an integer), ranges are checked, NaN is refused, and nest
 bounded by the JSON parser. Unknown fields are ignored, so clients written for other
 servers keep working. Fields whose OpenAI type is a union (``stop``, ``prompt``,
 ``content``, ``tool_choice``) are validated by hand so an error names the parameter
-(``stop``), not a pydantic union branch.
+(``stop``), not a pydantic union branch. ``image_url`` content parts are decoded while the
+request is validated (:mod:`homelab.server.image_parts`, its limits in the validation
+context), so a bad image is a 400 before anything else happens.
 
 llama.cpp's slot and cache knobs (``id_slot``, ``cache_prompt``, ``n_keep``, ``n_discard``,
 ``cache_salt``…) are *not* fields here: they are dropped with the other unknown fields and
@@ -29,6 +31,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from homelab.server.image_parts import check_image_count, image_from_url
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 256
@@ -72,11 +76,26 @@ class ToolCall(_Wire):
     function: FunctionCall
 
 
+ImageUrlJson = {
+    "type": "object",
+    "properties": {
+        "type": {"type": "string", "enum": ["image_url"]},
+        "image_url": {
+            "type": "object",
+            "properties": {"url": {"type": "string"}, "detail": {"type": "string"}},
+            "required": ["url"],
+        },
+    },
+    "required": ["type", "image_url"],
+}
 ContentJson = WithJsonSchema(
     {
         "anyOf": [
             {"type": "string"},
-            {"type": "array", "items": {"$ref": "#/components/schemas/TextPart"}},
+            {
+                "type": "array",
+                "items": {"anyOf": [{"$ref": "#/components/schemas/TextPart"}, ImageUrlJson]},
+            },
             {"type": "null"},
         ]
     }
@@ -94,12 +113,18 @@ class ChatMessage(_Wire):
 
     @field_validator("content")
     @classmethod
-    def _content_text(cls, value: Any) -> str | None:
+    def _content_parts(cls, value: Any, info: ValidationInfo) -> str | list[dict[str, Any]] | None:
+        """Text parts are joined into one string; with images, the parts stay in order
+        (``{"type": "text", "text": ...}``, ``{"type": "image", "image": DecodedImage}``)."""
         if value is None or isinstance(value, str):
             return value
         if not isinstance(value, list):
-            raise ValueError("content must be a string or a list of text parts")
-        return "".join(_text_of_part(part) for part in value)
+            raise ValueError("content must be a string or a list of text and image_url parts")
+        role = info.data.get("role", "")
+        parts = [_part(part, role, info.context) for part in value]
+        if all(part["type"] == "text" for part in parts):
+            return "".join(part["text"] for part in parts)
+        return parts
 
     @model_validator(mode="after")
     def _content_present(self) -> ChatMessage:
@@ -108,17 +133,55 @@ class ChatMessage(_Wire):
         return self
 
     def text(self) -> str:
+        """The text of the content (an image's place left out)."""
+        if isinstance(self.content, list):
+            return "".join(part["text"] for part in self.content if part["type"] == "text")
         return self.content if isinstance(self.content, str) else ""
 
+    def template_content(self) -> str | list[dict[str, Any]]:
+        """The content as the chat template path takes it: a string, or text and image parts."""
+        return self.content if isinstance(self.content, list) else self.text()
 
-def _text_of_part(part: Any) -> str:
+
+def _part(part: Any, role: str, context: Any) -> dict[str, Any]:
     if not isinstance(part, dict) or not isinstance(part.get("type"), str):
         raise ValueError("each content part must be an object with a 'type'")
+    if part["type"] == "image_url":
+        if role != "user":
+            raise ValueError(f"images go in user messages, not in a '{role}' message")
+        return {"type": "image", "image": image_from_url(_image_url(part), context)}
     if part["type"] != "text":
-        raise ValueError(f"content parts of type '{part['type']}' are not supported (text only)")
+        raise ValueError(
+            f"content parts of type '{part['type']}' are not supported (text and image_url)"
+        )
     if not isinstance(part.get("text"), str):
         raise ValueError("a text content part needs a string 'text'")
-    return str(part["text"])
+    return {"type": "text", "text": str(part["text"])}
+
+
+def _image_url(part: dict[str, Any]) -> str:
+    """The URL of ``{"type": "image_url", "image_url": {"url": ..., "detail": ...}}`` (a bare
+    string ``image_url`` is accepted too, as some clients send it)."""
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, dict) else image_url
+    if not isinstance(url, str) or not url:
+        raise ValueError(
+            'an image_url part needs "image_url": {"url": "data:image/...;base64,..."}'
+        )
+    return url
+
+
+def count_image_parts(messages: Any) -> int:
+    """How many image parts a raw ``messages`` list holds (counted before any is decoded)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == "image_url"
+    )
 
 
 class FunctionDefinition(_Wire):
@@ -283,6 +346,12 @@ class ChatCompletionRequest(_SamplingRequest):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_format: Literal["auto", "deepseek", "none"] | None = None
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _image_count(cls, value: Any, info: ValidationInfo) -> Any:
+        check_image_count(count_image_parts(value), info.context)  # before any is decoded
+        return value
 
     @field_validator("chat_template_kwargs")
     @classmethod

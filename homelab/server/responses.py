@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import anyio.to_thread
 from starlette.responses import Response
 
 from homelab.server.errors import ApiError, invalid_request
 from homelab.server.prompting import PreparedChat, chat_inputs, prepare_chat
+from homelab.server.protocol import ChatCompletionRequest
 from homelab.server.response_store import ResponseStore, input_items
 from homelab.server.responses_output import (
     ResponseEcho,
@@ -34,7 +36,12 @@ from homelab.server.responses_output import (
     output_status,
     response_object,
 )
-from homelab.server.responses_protocol import ResponsesRequest, chat_request, param_for_chat
+from homelab.server.responses_protocol import (
+    ResponsesRequest,
+    chat_request,
+    image_parts,
+    param_for_chat,
+)
 from homelab.server.responses_stream import response_events
 from homelab.server.serving import (
     RequestContext,
@@ -109,11 +116,20 @@ def _warned(req: ResponsesRequest, response: Response) -> Response:
     return response
 
 
+async def _chat_request(ctx: RequestContext, req: ResponsesRequest) -> ChatCompletionRequest:
+    """As chat; off the event loop when images are in it (an earlier response's are decoded
+    again here)."""
+    policy = ctx.config.image_policy
+    if next(image_parts(req.input), None) is None:
+        return chat_request(req, policy)
+    return await anyio.to_thread.run_sync(chat_request, req, policy)
+
+
 async def prepare(ctx: RequestContext, req: ResponsesRequest) -> PreparedChat:
     """The one chat preparation, errors named as Responses parameters."""
     check_model_name(ctx.config, req.model)
     try:
-        creq = chat_request(req)
+        creq = await _chat_request(ctx, req)
         effort = req.reasoning.effort if req.reasoning else None
         inputs = replace(chat_inputs(creq), reasoning_effort=effort)
         return await prepare_chat(ctx, inputs, SamplingKnobs.of(creq), creq.requested_max_tokens())

@@ -19,18 +19,29 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
+    PrivateAttr,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from homelab.images.decoded import DecodedImage
 from homelab.server.errors import ApiError, api_error_from_validation, invalid_request
+from homelab.server.image_parts import (
+    ImagePolicy,
+    check_image_count,
+    decoded_images,
+    image_context,
+    image_from_url,
+)
 from homelab.server.protocol import INT64_MAX, MAX_TOOLS, ChatCompletionRequest, _Wire
 
 MAX_METADATA_ENTRIES = 16
@@ -131,6 +142,25 @@ class ResponsesRequest(_Wire):
     background: bool | None = None
     conversation: Any = None
     prompt: Any = None
+    _images: dict[str, DecodedImage] = PrivateAttr(default_factory=dict)  # by URL
+
+    @field_validator("input")
+    @classmethod
+    def _images_decoded(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every ``input_image`` decoded now (a bad one is a 400 before anything else)."""
+        parts = list(image_parts(value))
+        check_image_count(len(parts), info.context)
+        for where, part in parts:
+            try:
+                image_from_url(input_image_url(part), info.context)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _keep_images(self, info: ValidationInfo) -> ResponsesRequest:
+        self._images = decoded_images(info.context)
+        return self
 
     @field_validator("background")
     @classmethod
@@ -184,8 +214,32 @@ class ResponsesRequest(_Wire):
 # --- translation to chat --------------------------------------------------------------------
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request ``req`` stands for (raises ApiError naming the Responses parameter)."""
+def image_parts(value: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, part) of each ``input_image`` part of the messages in ``input``."""
+    for i, item in enumerate(value if isinstance(value, list) else []):
+        content = item.get("content") if isinstance(item, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                yield f"input[{i}].content[{j}]", part
+
+
+def input_image_url(part: dict[str, Any]) -> str:
+    """The URL of ``{"type": "input_image", "image_url": ...}``; ``file_id`` is refused."""
+    url = part.get("image_url")
+    if isinstance(url, str) and url:
+        return url
+    if part.get("file_id") is not None:
+        raise ValueError(
+            "file_id images need the Files API, which this server does not have; "
+            "send image_url as a data URL (data:image/png;base64,...)"
+        )
+    raise ValueError("an input_image needs an image_url (data:image/png;base64,...)")
+
+
+def chat_request(req: ResponsesRequest, policy: ImagePolicy | None = None) -> ChatCompletionRequest:
+    """The chat request ``req`` stands for (raises ApiError naming the Responses parameter);
+    its images are those decoded when ``req`` was parsed (earlier responses' ones under
+    ``policy``)."""
     body: dict[str, Any] = {
         "model": req.model,
         "messages": messages(req.instructions, req.input),
@@ -201,7 +255,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     if fmt is not None:
         body["response_format"] = response_format(fmt)
     try:
-        return ChatCompletionRequest.model_validate(body)
+        context = image_context(policy or ImagePolicy(), req._images)
+        return ChatCompletionRequest.model_validate(body, context=context)
     except ValidationError as exc:
         error = api_error_from_validation(exc)
         raise invalid_request(error.message, param="input") from None
@@ -347,12 +402,29 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
         )
     return {
         "role": "system" if role == "developer" else role,
-        "content": _text(item.get("content"), f"{where}.content"),
+        "content": _content(item.get("content"), f"{where}.content"),
     }
 
 
+def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content in chat's shape: text, or text and ``image_url`` parts."""
+    if not isinstance(content, list) or not any(
+        isinstance(p, dict) and p.get("type") == "input_image" for p in content
+    ):
+        return _text(content, where)
+    parts: list[dict[str, Any]] = []
+    for index, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = {"url": input_image_url(part)}  # checked when the request was parsed
+            parts.append({"type": "image_url", "image_url": url})
+        else:
+            parts.append({"type": "text", "text": _part_text(part, f"{where}[{index}]")})
+    return parts
+
+
 def _text(content: Any, where: str) -> str:
-    """A string, or the text of a list of text parts (images, files, audio refused)."""
+    """A string, or the text of a list of text parts (files, audio refused; images only in
+    a message's content, see :func:`_content`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -371,8 +443,8 @@ def _part_text(part: Any, where: str) -> str:
         return str(part["refusal"])
     if kind not in TEXT_PART_TYPES:
         raise invalid_request(
-            f"content parts of type {kind!r} are not supported (text only: input_text, "
-            "output_text).",
+            f"content parts of type {kind!r} are not supported here (input_text, "
+            "output_text; input_image in a message's content).",
             param=f"{where}.type",
         )
     if not isinstance(part.get("text"), str):

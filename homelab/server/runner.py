@@ -13,6 +13,7 @@ from dataclasses import replace
 import uvicorn
 from fastapi import FastAPI
 
+from homelab.engine.state_cache.store import PromptCache
 from homelab.errors import EngineError
 from homelab.server.app import EngineProvider, RequestSubscriber, create_app, server_state
 from homelab.server.config import ServerConfig
@@ -101,15 +102,17 @@ def start_server(
     port: int = 0,
     config: ServerConfig | None = None,
     fleet: Fleet | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> ServerHandle:
     """Serve ``engine`` (or an engine provider), or every model of ``fleet`` (``engine``
-    None), on ``host:port`` (0: a free port) in a thread."""
+    None), on ``host:port`` (0: a free port) in a thread; ``prompt_cache`` is the engines'
+    (for the admin slot routes and ``/metrics``)."""
     config = replace(config or ServerConfig(), host=host)
     provider: EngineProvider = engine if callable(engine) else (lambda: engine)
     sock = bind_socket(host, port)
     bound_port = sock.getsockname()[1]
     config = replace(config, port=bound_port)
-    app = create_app(provider, config, fleet)
+    app = create_app(provider, config, fleet, prompt_cache=prompt_cache)
     server = uvicorn_server(app)
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}"

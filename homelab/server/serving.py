@@ -29,6 +29,7 @@ from homelab.engine.api import (
     SamplingParams,
     TokenLogprob,
 )
+from homelab.engine.image_prompt import ImagePrompt
 from homelab.errors import BusyError, ContextLengthError, EngineClosedError, EngineError
 from homelab.server.auth import Tenant
 from homelab.server.config import ServerConfig
@@ -79,6 +80,7 @@ class RequestContext:
 class Prompt:
     tokens: tuple[int, ...]
     text: str | None  # None for token-id prompts
+    images: ImagePrompt | None = None  # a chat with images: its tokens are these tokens
 
 
 @dataclass
@@ -286,6 +288,7 @@ def submit_choices(
                     sampling=sampling_for(index, prompt),
                     request_id=f"{ctx.request_id}-{index}",
                     add_bos=False,
+                    images=prompt.images,
                 )
                 handles.append(_submit(ctx.engine, request))
                 states.append(ChoiceState(index, prompt_index))

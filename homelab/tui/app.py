@@ -34,6 +34,7 @@ from homelab.tui.messages import (
     DownloadRequested,
     FitComputed,
     HardwareDetected,
+    ImageAttached,
     KnobsChanged,
     ModelChosen,
     ModelLoaded,
@@ -251,6 +252,9 @@ class HomelabApp(App[None]):
 
     async def on_prompt_submitted(self, message: PromptSubmitted) -> None:
         await self.chat.send(message.prompt)
+
+    async def on_image_attached(self, message: ImageAttached) -> None:
+        await self.chat.attached(message.attachment)
 
     @while_running
     def on_answer_finished(self, message: AnswerFinished) -> None:

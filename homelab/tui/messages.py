@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from homelab.planner.plan import Plan
     from homelab.tui.knobs import Knobs
     from homelab.tui.protocols import DashboardEngine, ServerLike
-    from homelab.tui.services import FitBadge, ModelChoice, WorkerLine
+    from homelab.tui.services import FitBadge, ImageAttachment, ModelChoice, WorkerLine
 
 # --- posted by workers ---------------------------------------------------------------------
 
@@ -58,6 +58,14 @@ class ModelLoaded(Message):
 @dataclass
 class ModelUnloaded(Message):
     pass
+
+
+@dataclass
+class ImageAttached(Message):
+    """An image read, decoded and counted (``/image PATH`` in the chat): sent with the next
+    prompt."""
+
+    attachment: ImageAttachment
 
 
 @dataclass

@@ -29,6 +29,7 @@ PART_STYLES = {
     "recurrent": "#d787af",
     "compute": "#d7af5f",
     "overhead": "#808080",
+    "projector": "#5fafaf",  # the vision projector's weights and warm-up buffer
 }
 FREE_STYLE = "#4e4e4e"
 OVER_STYLE = "bold red"
@@ -117,8 +118,21 @@ def settings_line(plan: Plan) -> str:
     return (
         f"[b]{s.quant}[/b] · KV [b]{s.type_k}/{s.type_v}[/b] · "
         f"context [b]{s.n_ctx_per_slot:,}[/b] × {s.n_parallel} {slots} · "
-        f"{offload} · flash attn {'on' if s.flash_attn else 'off'}"
+        f"{offload} · flash attn {'on' if s.flash_attn else 'off'}" + vision_text(plan)
     )
+
+
+def vision_text(plan: Plan) -> str:
+    """`` · vision on CPU 60 MiB · images ≤ 4096 tokens`` (nothing without a projector)."""
+    projector = plan.projector
+    if projector is None:
+        return ""
+    where = "GPU" if projector.on_gpu else "CPU"
+    size = format_size(projector.total_bytes, digits=1)
+    tokens = projector.image_max_tokens
+    each = "=" if projector.fixed_tokens else "≤"
+    images = f" · images {each} {tokens} tokens" if tokens else ""
+    return f" · vision on {where} {size}{images}"
 
 
 def device_segments(device: DeviceMemory) -> list[Segment]:
@@ -128,6 +142,7 @@ def device_segments(device: DeviceMemory) -> list[Segment]:
         "recurrent": device.recurrent_bytes,
         "compute": device.compute_bytes,
         "overhead": device.overhead_bytes,
+        "projector": device.projector_bytes,
     }
     segments = [Segment(name, value, PART_STYLES[name]) for name, value in parts.items()]
     if device.fits:
@@ -153,6 +168,7 @@ def legend(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | None)
         "recurrent": device.recurrent_bytes,
         "compute": device.compute_bytes,
         "overhead": device.overhead_bytes,
+        "projector": device.projector_bytes,
     }
     shown = [
         f"[{PART_STYLES[name]}]■[/] {name} {format_size(value, digits=1)}"

@@ -10,7 +10,7 @@ thread workers.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from homelab.engine.speculation.config import SpeculationConfig
     from homelab.hardware.report import HardwareReport
     from homelab.hub.library import LocalModel
+    from homelab.images.decoded import DecodedImage
     from homelab.models.ref import ModelRef
     from homelab.planner.plan import Plan
     from homelab.planner.search import PlanRequest
@@ -217,12 +218,14 @@ def plan_choice(
     Without ``verify`` this is pure arithmetic (milliseconds: knobs re-plan instantly); with
     it, a plan for a local file is confirmed by a llama.cpp dry run (a second or so).
     """
+    from homelab.models.mmproj import with_projector
     from homelab.planner.budget import hardware_from_report, with_workers
     from homelab.planner.plan import plan_model
 
     variants = choice.model.variants()
     hardware = with_workers(hardware_from_report(report), rpc, rpc_budget_bytes)
-    return plan_model(variants, hardware, plan_request(knobs), verify=verify)
+    request = with_projector(plan_request(knobs), variants[0])  # the mmproj beside the file
+    return plan_model(variants, hardware, request, verify=verify)
 
 
 def probe_workers(
@@ -368,12 +371,14 @@ def submit_chat(
     tenant: str,
     max_tokens: int = CHAT_MAX_TOKENS,
     temperature: float = CHAT_TEMPERATURE,
+    images: Sequence[DecodedImage] = (),
 ) -> AnswerStream:
     """Render the conversation with the model's chat template and submit it (``temperature``
-    0: greedy).
+    0: greedy). ``images`` are the conversation's, in order: each stands in the turns' text
+    as the engine's image marker (:func:`marked_turn`).
 
     A model without a usable template gets the last prompt as plain text. When the whole
-    conversation no longer fits a slot, only the last turn is sent.
+    conversation no longer fits a slot, only the last turn is sent (with its own images).
     """
     from homelab.engine.api import GenerationRequest, SamplingParams
     from homelab.errors import ContextLengthError
@@ -382,16 +387,82 @@ def submit_chat(
         temperature=temperature, max_tokens=min(max_tokens, engine.n_ctx_per_slot // 2)
     )
 
-    def request(turns: list[dict[str, str]]) -> AnswerStream:
+    def request(turns: list[dict[str, str]], shown: Sequence[DecodedImage]) -> AnswerStream:
         prompt = _chat_prompt(engine, turns)
-        return engine.submit(GenerationRequest(tenant=tenant, prompt=prompt, sampling=sampling))
+        if not shown:
+            return engine.submit(GenerationRequest(tenant, prompt, sampling))
+        with_images = engine.tokenize_images(prompt, shown, add_bos=True)
+        return engine.submit(
+            GenerationRequest(tenant, with_images.tokens, sampling, images=with_images)
+        )
 
     try:
-        return request(history)
+        return request(history, images)
     except ContextLengthError:
         if len(history) <= 1:
             raise
-        return request(history[-1:])
+        marker = engine.image_marker or ""
+        last = history[-1]["content"].count(marker) if marker else 0
+        return request(history[-1:], images[len(images) - last :] if last else ())
+
+
+@dataclass(frozen=True)
+class ImageAttachment:
+    """An image the chat will send with the next prompt, and what the panel shows of it."""
+
+    name: str
+    size_bytes: int
+    image: DecodedImage
+    n_tokens: int | None  # KV cells it takes with the loaded projector (None: not loaded)
+
+    def describe(self) -> str:
+        tokens = f"{self.n_tokens} tokens" if self.n_tokens is not None else "tokens: on load"
+        return (
+            f"attached {self.name} · {format_size(self.size_bytes)} · "
+            f"{self.image.width_px}×{self.image.height_px} px · {tokens}"
+        )
+
+
+MAX_ATTACH_BYTES = 20 * 1024 * 1024  # the server's per-image cap
+
+
+def attach_image(path: str, engine: DashboardEngine | None) -> ImageAttachment:
+    """Read and decode the image at ``path`` (checked as the server checks uploads) and count
+    its tokens with ``engine``'s projector; HomelabError when it cannot be sent."""
+    from homelab.images.decode import decode_image
+
+    file = Path(path).expanduser()
+    try:
+        size_bytes = file.stat().st_size
+        if size_bytes > MAX_ATTACH_BYTES:
+            raise HomelabError(
+                f"{file.name} is {size_bytes} bytes, more than {MAX_ATTACH_BYTES}",
+                hint="Attach a smaller image.",
+            )
+        data = file.read_bytes()
+    except OSError as exc:
+        raise HomelabError(
+            f"cannot read the image {file}: {exc.strerror or exc}", hint="Check the path."
+        ) from exc
+    image = decode_image(data)
+    return ImageAttachment(file.name, size_bytes, image, image_tokens(engine, image))
+
+
+def image_tokens(engine: DashboardEngine | None, image: DecodedImage) -> int | None:
+    """The KV cells ``image`` takes with ``engine``'s projector (None: no projector)."""
+    marker = engine.image_marker if engine is not None else None
+    if engine is None or marker is None:
+        return None
+    prompt = engine.tokenize_images(marker, [image], add_bos=False)
+    return sum(span.n_tokens for span in prompt.images)
+
+
+def marked_turn(engine: DashboardEngine | None, prompt: str, n_images: int) -> str:
+    """A user turn's text with its images first, one marker each (the text alone without)."""
+    marker = engine.image_marker if engine is not None else None
+    if not n_images or marker is None:
+        return prompt
+    return marker * n_images + "\n" + prompt
 
 
 def _chat_prompt(engine: DashboardEngine, turns: list[dict[str, str]]) -> str:

@@ -391,7 +391,9 @@ def test_draft_cache_follows_the_targets_prefix_cache(
     assert cached[: len(tokens)] == tokens
 
     def admit_for_another_tenant() -> list[int]:
-        draft.admit(0, tokens, n_cached=0)  # what the slot table grants a new tenant
+        # the target reuses all of it for bob (a restored prompt cache may grant that): the
+        # draft still keeps nothing of alice's
+        draft.admit(0, tokens, n_cached=len(tokens), tenant="bob")
         return draft.cached_tokens(0)
 
     assert engine.run_on_engine_thread(admit_for_another_tenant).result(5) == []

@@ -15,6 +15,7 @@ generates, on a real engine and a generated tiny model:
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -25,8 +26,9 @@ from typing import Any
 import pytest
 from engine_helpers import EngineFactory
 
-from homelab.engine.api import GenerationRequest, SamplingParams
+from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent
 from homelab.engine.engine import Engine
+from homelab.engine.scheduler import RequestHandle
 from homelab.llamacpp import lane
 
 N_TOKENS = 256
@@ -96,3 +98,35 @@ def test_python_calls_per_token_stay_within_budget(warm_engine: Engine) -> None:
         warm_engine.run_on_engine_thread(lambda: sys.setprofile(None)).result(10)
     per_token = calls[0] / N_TOKENS
     assert per_token < CALLS_PER_TOKEN_BUDGET, f"{per_token:.0f} Python calls per token"
+
+
+def test_streaming_readers_on_one_loop_are_woken_once_per_step(make_engine: EngineFactory) -> None:
+    """Eight streams read by one event loop: one self-pipe wake per step for all of them
+    (one per stream per token, 8x, before the step gathered them)."""
+    engine = make_engine(n_parallel=8, ctx_per_slot=256)
+    sampling = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    wakes = [0]
+
+    async def read_all() -> list[int]:
+        loop = asyncio.get_running_loop()
+        real_call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counting(callback: Callable[..., object], *args: object) -> asyncio.Handle:
+            wakes[0] += 1
+            return real_call_soon_threadsafe(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        handles = [
+            engine.submit(GenerationRequest(f"stream-{i}", f"stream {i}", sampling))
+            for i in range(8)
+        ]
+
+        async def count(handle: RequestHandle) -> int:
+            return sum([1 async for event in handle if isinstance(event, TokenEvent)])
+
+        return list(await asyncio.gather(*(count(handle) for handle in handles)))
+
+    steps_before = engine.metrics().steps_total
+    assert asyncio.run(read_all()) == [64] * 8
+    steps = engine.metrics().steps_total - steps_before
+    assert wakes[0] <= steps + 8, (wakes[0], steps)  # 8: admissions may wake outside a step

@@ -114,7 +114,7 @@ def test_dropped_connection_resumes_with_a_range_request(
     data = fake_hub.repos[tiny_repo].files["TinyLlama-F16.gguf"]
     fake_hub.faults.cut_after_bytes[sha256(data)] = 2_000_000
     progress = RecordingProgress()
-    pulled = pull(ModelRef(tiny_repo, "F16"), progress=progress)
+    pulled = pull(ModelRef(tiny_repo, "F16"), progress=progress, mmproj=False)  # its file only
     assert pulled.path.read_bytes() == data
     ranges = [r.range for r in fake_hub.requests("cdn", "GET")]
     assert ranges[0] is None and len(ranges) == 2
@@ -134,7 +134,8 @@ def test_interrupted_pull_resumes_in_the_next_run(
     fake_hub.clear_log()
     pulled = pull(ModelRef(tiny_repo, "F16"))
     assert pulled.downloaded_bytes == len(data) - kept
-    assert [r.range for r in fake_hub.requests("cdn", "GET")] == [f"bytes={kept}-"]
+    # the rest of the model, then its projector (not started before the interruption)
+    assert [r.range for r in fake_hub.requests("cdn", "GET")] == [f"bytes={kept}-", None]
     assert hashlib.sha256(pulled.path.read_bytes()).hexdigest() == sha256(data)
     assert not partial.exists()
 
@@ -258,3 +259,54 @@ def test_pull_checks_free_disk_before_downloading(
     with pytest.raises(HubError, match=r"Not enough free disk .*HF_HOME"):
         pull(ModelRef(tiny_repo, "Q4_0"))
     assert fake_hub.requests("cdn") == []
+
+
+def test_pull_fetches_the_projector_the_repo_offers(hub_env: Path, tiny_repo: str) -> None:
+    """The repo's mmproj lands beside the model (found there when the model loads), and
+    ``mmproj=False`` leaves it out. (The hub is the fake hub: no network here.)"""
+    bare = pull(ModelRef(tiny_repo, "Q4_0"), mmproj=False)
+    assert bare.mmproj is None and not list(bare.path.parent.glob("mmproj*"))
+    pulled = pull(ModelRef(tiny_repo, "F16"))
+    assert pulled.mmproj is not None and pulled.mmproj.parent == pulled.path.parent
+    assert pulled.mmproj.name == "mmproj-TinyLlama-F16.gguf"
+    assert any("vision projector" in note for note in pulled.notes)
+
+
+def test_a_vision_repo_pulled_by_name_plans_with_its_projector(
+    hub_env: Path, fake_hub: FakeHub
+) -> None:
+    """A repo laid out as vision repos are (the model in a quant folder, unnamed projectors at
+    the top): the pull fetches the F16 projector, and the model, run by name, finds it."""
+    from homelab.gguf import demo_vision
+    from homelab.models.launch import plan_file
+    from homelab.models.ref import resolve
+
+    projector = demo_vision.mmproj_path("qwen2vl")
+    fake_hub.add_repo(
+        "homelab-test/TinyVL-GGUF",
+        {
+            "F16/TinyVL-F16.gguf": demo_vision.text_model_path("qwen2vl"),
+            "mmproj-F32.gguf": projector,
+            "mmproj-F16.gguf": projector,
+        },
+    )
+    pulled = pull(ModelRef("homelab-test/TinyVL-GGUF", "F16"))
+    assert pulled.mmproj is not None and pulled.mmproj.name == "mmproj-F16.gguf"
+    plan = plan_file(resolve("homelab-test/TinyVL-GGUF:F16"), verify=False)
+    assert plan.projector is not None and plan.projector.path == str(pulled.mmproj)
+    assert plan.settings.mmproj_path == str(pulled.mmproj)
+
+
+def test_best_projector_prefers_the_models_name_then_f16() -> None:
+    from homelab.hub.pull import best_projector
+    from homelab.hub.quants import GgufEntry, RemoteFile
+
+    def remote(path: str) -> RemoteFile:
+        return RemoteFile(path, 1, "0" * 64, None)
+
+    entry = GgufEntry("Q4_K_M", "gemma-3-4b-it", (remote("gemma-3-4b-it-Q4_K_M.gguf"),))
+    unnamed = (remote("mmproj-F32.gguf"), remote("mmproj-BF16.gguf"), remote("mmproj-F16.gguf"))
+    assert best_projector(unnamed, entry) == unnamed[2]
+    named = (*unnamed, remote("mmproj-gemma-3-4b-it-f32.gguf"))
+    assert best_projector(named, entry) == named[3]
+    assert best_projector((), entry) is None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from homelab.errors import EngineClosedError
 from homelab.gguf import vocab as demo_vocab
 from homelab.llamacpp.model import Model
 
@@ -61,3 +62,16 @@ def test_special_token_ids_match_the_file(demo: Model) -> None:
     eog = vocab.end_of_generation_tokens()
     assert {demo_vocab.EOS_ID, demo_vocab.IM_END_ID} <= eog
     assert demo_vocab.BOS_ID not in eog
+
+
+def test_a_closed_model_refuses_to_tokenize_instead_of_crashing(
+    demo_model: Callable[..., Path],
+) -> None:
+    model = Model.load(demo_model("llama"))
+    vocab = model.vocab
+    assert vocab.tokenize("hello", add_bos=False, parse_special=False)
+    model.close()  # a fleet eviction while a request was still being prepared
+    with pytest.raises(EngineClosedError, match="unloaded"):
+        vocab.tokenize("hello", add_bos=False, parse_special=False)
+    with pytest.raises(EngineClosedError):
+        vocab.token_bytes(1, special=False)

@@ -85,6 +85,7 @@ class FakeEngine:
         self.longest_token_bytes = 1
         self.failure: str | None = None
         self.embedder = None  # no embeddings: /v1/embeddings answers 400
+        self.image_marker: str | None = None  # no vision projector: images answer 400
         self.submitted: list[GenerationRequest] = []
 
     def tokenize(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:

@@ -75,9 +75,11 @@ CASES = [
          resp(input=[{"content": "hi"}])),
     Case("tool role", "input[0].role", "invalid_value",
          resp(input=[{"role": "tool", "content": "hi"}])),
-    Case("image part", "input[0].content[0].type", "invalid_value",
+    Case("image not a data URL", "input", "invalid_value",  # more: test_image_requests.py
          resp(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
          live=True),
+    Case("audio part", "input[0].content[0].type", "invalid_value",
+         resp(input=[{"role": "user", "content": [{"type": "input_audio", "data": "x"}]}])),
     Case("part without text", "input[0].content[0].text", "invalid_value",
          resp(input=[{"role": "user", "content": [{"type": "input_text"}]}])),
     Case("content not text", "input[0].content", "invalid_value",

@@ -10,7 +10,8 @@ drafting, that tail is compared with what the target kept and cut where they par
 Catch-up is bounded per step (``catch_up_tokens``): a sequence with a long backlog (a new
 prompt, or a stretch of plain decoding) feeds a chunk per step and drafts once it is level.
 A new request keeps only the draft tokens the target's prefix cache kept for it — nothing
-when the slot changed tenant, so the draft cache is as tenant-isolated as the target's.
+when the draft slot last served another tenant, so the draft cache is as tenant-isolated as
+the target's.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ SAMPLED_DRAFT_TOP_K = 64  # a sampled draft draws from at most this many candida
 class _DraftSlot:
     tokens: list[int] = field(default_factory=list)  # in the draft cache, by position
     unverified: int = 0  # how many at the end are draft tokens the target has not judged
+    tenant: str | None = None  # whose tokens these are
 
 
 @dataclass(eq=False)
@@ -105,11 +107,15 @@ class DraftModel:
 
     # --- slots ---------------------------------------------------------------------------
 
-    def admit(self, seq_id: int, prompt: Sequence[int], n_cached: int) -> None:
-        """A request starts in ``seq_id``: keep at most what the target's cache kept."""
+    def admit(self, seq_id: int, prompt: Sequence[int], n_cached: int, tenant: str) -> None:
+        """A request of ``tenant`` starts in ``seq_id``: keep at most what the target's cache
+        kept, and nothing of another tenant's (the target may have restored this tenant's
+        prefix into a slot another tenant used last: a draft prefix reused across tenants
+        would be timed)."""
         slot = self._slots[seq_id]
         keep = min(common_prefix_length(slot.tokens, prompt), n_cached)
-        self._cut(seq_id, keep)
+        self._cut(seq_id, keep if slot.tenant == tenant else 0)
+        slot.tenant = tenant
 
     def cached_tokens(self, seq_id: int) -> list[int]:
         """The tokens in ``seq_id``'s draft cache (for tests and diagnostics)."""

@@ -71,15 +71,16 @@ class Speculator:
     def kind(self) -> SpeculationKind:
         return self.config.kind
 
-    def start(self, seq_id: int, prompt: Sequence[int], n_cached: int, sampling: SamplingParams
-              ) -> SequenceSpeculation:  # fmt: skip
-        """A request was placed in slot ``seq_id`` with ``n_cached`` prompt tokens reused."""
+    def start(self, seq_id: int, prompt: Sequence[int], n_cached: int, sampling: SamplingParams,
+              tenant: str) -> SequenceSpeculation:  # fmt: skip
+        """A request of ``tenant`` was placed in slot ``seq_id`` with ``n_cached`` prompt tokens
+        reused."""
         state = SequenceSpeculation()
         if self.config.kind == "ngram":
             state.drafter = NgramDrafter(self.config.ngram_min, self.config.ngram_max)
         else:
             assert self.draft_model is not None
-            self.draft_model.admit(seq_id, prompt, n_cached)
+            self.draft_model.admit(seq_id, prompt, n_cached, tenant)
             if sampling.temperature > 0:
                 state.rng = np.random.default_rng(sampling.seed)
         return state

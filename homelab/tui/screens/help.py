@@ -31,7 +31,8 @@ Runs a large language model on this machine with llama.cpp: it **plans** how the
   accepted and the tokens each target step yields.
 - **Chat** — type a prompt, Enter sends it, Esc (or ctrl+x) cancels the answer. Whenever the
   chat is on screen at start, or its page is opened, the prompt has the focus: what you type
-  goes to the model. Esc leaves the box.
+  goes to the model. Esc leaves the box. `/image PATH` attaches an image to the next prompt
+  (a model with its vision projector): its name, size, pixels and tokens are shown.
 - **Server** — starts the OpenAI endpoint; lists the model it has loaded (planned and
   allocated memory) with an *Unload* button; the log shows status, tenant, tokens and tok/s
   (never prompt text).

@@ -17,6 +17,7 @@ from homelab.tui.messages import CancelRequested, PromptSubmitted
 
 if TYPE_CHECKING:
     from homelab.engine.api import RequestStats
+    from homelab.images.decoded import DecodedImage
 
 
 class ChatMessage(Static):
@@ -74,6 +75,7 @@ class ChatPanel(Vertical):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.border_title = "Chat"
         self.history: list[dict[str, str]] = []  # role/content turns handed to the chat template
+        self.images: list[DecodedImage] = []  # the conversation's images, in marker order
         self.streaming: ChatMessage | None = None
         self.transcript = VerticalScroll(id="transcript")
         self.prompt = Input(placeholder="Ask the model…  (Enter sends, Esc cancels)", id="prompt")
@@ -96,8 +98,10 @@ class ChatPanel(Vertical):
         else:
             self.screen.set_focus(None)
 
-    async def begin_answer(self, prompt: str) -> None:
-        self.history.append({"role": "user", "content": prompt})
+    async def begin_answer(self, prompt: str, turn_text: str | None = None) -> None:
+        """Show ``prompt`` and stream the answer below it; ``turn_text`` is what the template
+        gets for the turn (its images' markers first), when it differs."""
+        self.history.append({"role": "user", "content": turn_text or prompt})
         self.streaming = ChatMessage("assistant")
         self.streaming.add_class("-streaming")
         await self.transcript.mount_all([ChatMessage("user", prompt), self.streaming])

@@ -1,0 +1,123 @@
+"""The prompt cache over HTTP: slots saved, restored and erased by hand, and its metrics.
+
+    GET  /admin/slots[?model=NAME]                     each slot: tenant, cached tokens, busy
+    POST /admin/slots/{id}?action=save|restore|erase[&model=NAME]   (restore: {"tenant": T})
+    GET  /admin/prompt-cache                           sizes, hit counts, the saved states
+
+Like llama-server's ``/slots/{id}?action=…``, but a state is saved into homelab's prompt
+cache (RAM, then the data folder) under the slot's tenant and model, never to a file the
+caller names, and a restore names the tenant whose latest state it wants. Admin keys only
+(every ``/admin/`` path is, see ``middleware``). ``/metrics`` gets the cache's sizes and
+hit counts from :func:`metrics_lines`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any, Protocol
+
+import anyio
+from fastapi import FastAPI, Request
+
+from homelab.engine.state_cache.slot_states import SLOT_ACTIONS
+from homelab.engine.state_cache.store import PromptCache
+from homelab.errors import BusyError, EngineError
+from homelab.server.errors import ApiError, invalid_request
+
+
+class SlotAdmin(Protocol):
+    """What these routes need of an engine (``homelab.engine.engine.Engine`` has it)."""
+
+    def slot_action(
+        self, seq_id: int, action: str, tenant: str | None = None, timeout_s: float = 60.0
+    ) -> dict[str, object]: ...
+
+    def slot_states(self, timeout_s: float = 5.0) -> tuple[Any, ...]: ...
+
+
+EngineFor = Callable[[str | None], Any]  # the engine of ?model= (or the only one), awaited
+
+
+def add_routes(app: FastAPI, cache: PromptCache | None, engine_for: EngineFor) -> None:
+    @app.get("/admin/prompt-cache")
+    async def prompt_cache_report() -> dict[str, Any]:
+        if cache is None:
+            return {"enabled": False}
+        stats, entries, config = cache.stats(), cache.entries(), cache.config
+        return {
+            "enabled": True,
+            "ram_budget_bytes": config.ram_budget_bytes,
+            "disk_cap_bytes": config.disk_cap_bytes if config.directory is not None else 0,
+            **asdict(stats),
+            "entries": [asdict(e) for e in entries],
+        }
+
+    @app.get("/admin/slots")
+    async def list_slots(model: str | None = None) -> dict[str, Any]:
+        engine = _slot_admin(await engine_for(model))
+        states = await anyio.to_thread.run_sync(engine.slot_states)
+        return {"object": "list", "data": [asdict(state) for state in states]}
+
+    @app.post("/admin/slots/{slot_id}")
+    async def act_on_slot(
+        slot_id: int, request: Request, action: str, model: str | None = None
+    ) -> dict[str, Any]:
+        if action not in SLOT_ACTIONS:
+            raise invalid_request(f"action must be one of {', '.join(SLOT_ACTIONS)}.", "action")
+        tenant = _tenant(await request.body()) if action == "restore" else None
+        engine = _slot_admin(await engine_for(model))
+        try:
+            return await anyio.to_thread.run_sync(engine.slot_action, slot_id, action, tenant)
+        except BusyError as exc:
+            raise ApiError(409, f"{exc} {exc.hint or ''}".strip(), code="slot_busy") from None
+        except EngineError as exc:
+            raise invalid_request(f"{exc}. {exc.hint or ''}".strip()) from None
+
+
+def _slot_admin(engine: Any) -> SlotAdmin:
+    if not hasattr(engine, "slot_action"):
+        raise invalid_request("This model has no slots to manage (an embedding model).")
+    return engine  # type: ignore[no-any-return]
+
+
+def _tenant(raw: bytes) -> str:
+    try:
+        document = json.loads(raw or b"{}")
+    except ValueError:
+        raise invalid_request("The body is not valid JSON.") from None
+    tenant = document.get("tenant") if isinstance(document, dict) else None
+    if not isinstance(tenant, str) or not tenant:
+        raise invalid_request('Say whose state to restore: {"tenant": NAME}.', param="tenant")
+    return tenant
+
+
+def metrics_lines(cache: PromptCache | None) -> str:
+    """The prompt cache's gauges and counters in Prometheus text ("" without a cache)."""
+    if cache is None:
+        return ""
+    stats = cache.stats()
+    lines = [
+        "# HELP homelab_prompt_cache_bytes Saved prompt states by tier",
+        "# TYPE homelab_prompt_cache_bytes gauge",
+        f'homelab_prompt_cache_bytes{{tier="ram"}} {stats.ram_bytes}',
+        f'homelab_prompt_cache_bytes{{tier="disk"}} {stats.disk_bytes}',
+        "# HELP homelab_prompt_cache_entries Saved prompt states by tier",
+        "# TYPE homelab_prompt_cache_entries gauge",
+        f'homelab_prompt_cache_entries{{tier="ram"}} {stats.ram_entries}',
+        f'homelab_prompt_cache_entries{{tier="disk"}} {stats.disk_entries}',
+        "# HELP homelab_prompt_cache_hits_total Prefixes restored instead of prefilled",
+        "# TYPE homelab_prompt_cache_hits_total counter",
+        f'homelab_prompt_cache_hits_total{{tier="ram"}} {stats.hits_ram}',
+        f'homelab_prompt_cache_hits_total{{tier="disk"}} {stats.hits_disk}',
+    ]
+    for name, value, what in (
+        ("misses", stats.misses, "Lookups that found nothing worth restoring"),
+        ("saves", stats.saves, "Slot states saved"),
+        ("evictions", stats.evicted, "States dropped for room"),
+        ("dropped_files", stats.dropped_files, "State files that failed their checks"),
+    ):
+        metric = f"homelab_prompt_cache_{name}_total"
+        lines += [f"# HELP {metric} {what}", f"# TYPE {metric} counter", f"{metric} {value}"]
+    return "\n".join(lines) + "\n"
