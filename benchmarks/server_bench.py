@@ -363,7 +363,11 @@ async def _rounds(
     results: Results,
     log: Callable[[str], None],
 ) -> None:
-    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    # idle connections dropped before either server's keep-alive (5 s for llama-server) ends:
+    # a connection reused as the server closes it fails the request with a read error
+    limits = httpx.Limits(
+        max_connections=clients + 4, max_keepalive_connections=clients + 4, keepalive_expiry=2.0
+    )
     connections = {
         name: httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits)
         for name, server in servers.items()

@@ -51,6 +51,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+# An idle keep-alive connection is kept this long. Clients' pools drop theirs after their own
+# expiry (httpx and so the openai SDK: 5 s, aiohttp 15 s); a server that closes first, at the
+# moment a client reuses the connection, makes that request fail with a read error (seen
+# with uvicorn's default of 5 s against httpx's 5 s). Longer than the clients', as proxies do.
+KEEP_ALIVE_S = 65
+
+
 def uvicorn_server(app: FastAPI) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
@@ -58,6 +65,7 @@ def uvicorn_server(app: FastAPI) -> uvicorn.Server:
         access_log=False,
         lifespan="off",
         timeout_graceful_shutdown=3,
+        timeout_keep_alive=KEEP_ALIVE_S,
         server_header=False,
     )
     return uvicorn.Server(config)

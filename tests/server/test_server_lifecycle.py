@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from server_helpers import ADMIN_KEY, ALICE_KEY, MODEL_ID, make_keys
 from homelab.engine.engine import Engine
 from homelab.server.config import ServerConfig
 from homelab.server.middleware import RequestRecord
-from homelab.server.runner import EngineHolder, ServerHandle, start_server
+from homelab.server.runner import KEEP_ALIVE_S, EngineHolder, ServerHandle, start_server
 from homelab.settings import Settings
 
 CHAT = "/v1/chat/completions"
@@ -180,3 +181,18 @@ def test_request_log_subscription_has_no_prompt_text(
     assert (record.route, record.status, record.tenant) == (CHAT, 200, "alice")
     assert record.prompt_tokens > 0 and record.completion_tokens > 0 and record.completion_tok_s > 0
     assert "secret" not in repr(record)
+
+
+def test_an_idle_connection_outlives_the_clients_pool_expiry(server: ServerHandle) -> None:
+    """A client pool keeps an idle connection 5 s (httpx, the openai SDK): the server must keep
+    it longer, or a request sent on it as the server closes it fails with a read error (seen
+    in a benchmark with uvicorn's default of 5 s). The same socket answers after 6 s idle."""
+    host, port = server.url.removeprefix("http://").split(":")
+    request = f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(request)
+        assert connection.recv(4096).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)
+        connection.sendall(request)
+        assert connection.recv(4096).startswith(b"HTTP/1.1 200")
+    assert KEEP_ALIVE_S > 15  # and beyond aiohttp's 15 s
