@@ -36,7 +36,12 @@ from pydantic import (
 
 from homelab.engine.grammar import schema_depth
 from homelab.images.decoded import DecodedImage
-from homelab.server.image_parts import check_image_count, image_from_base64, image_from_remote
+from homelab.server.image_parts import (
+    check_image_count,
+    count_typed_parts,
+    image_from_base64,
+    image_from_remote,
+)
 from homelab.server.protocol import INT64_MAX, MAX_TOOLS
 
 MAX_TOKENS_CEILING = 1 << 20  # more is refused; up to this, the context left clamps it
@@ -281,7 +286,7 @@ class Conversation(_Wire):
     @field_validator("messages", mode="before")
     @classmethod
     def _image_count(cls, value: Any, info: ValidationInfo) -> Any:
-        check_image_count(count_image_blocks(value), info.context)  # before any is decoded
+        check_image_count(count_typed_parts(value, "image"), info.context)  # before any is decoded
         return value
 
     @field_validator("system")
@@ -312,19 +317,6 @@ class Conversation(_Wire):
 
     def system_text(self) -> str | None:
         return self.system if isinstance(self.system, str) else None
-
-
-def count_image_blocks(messages: Any) -> int:
-    """How many image blocks a raw ``messages`` list holds (counted before any is decoded)."""
-    if not isinstance(messages, list):
-        return 0
-    return sum(
-        1
-        for message in messages
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for block in message["content"]
-        if isinstance(block, dict) and block.get("type") == "image"
-    )
 
 
 def check_turns(messages: list[MessageParam]) -> None:

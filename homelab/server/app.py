@@ -44,6 +44,7 @@ from homelab.server.errors import (
     api_error_from,
     api_error_from_validation,
     invalid_request,
+    json_body_name,
     service_unavailable,
 )
 from homelab.server.fleet import LEASES_KEY, Fleet, LeaseRelease, parse_keep_alive
@@ -382,14 +383,7 @@ async def _admin_engine(state: ServerState, model: str | None) -> Any:
 
 
 def _admin_model_name(raw: bytes) -> str:
-    try:
-        document = json.loads(raw or b"{}")
-    except ValueError:
-        raise invalid_request("The body is not valid JSON.") from None
-    name = document.get("model") if isinstance(document, dict) else None
-    if not isinstance(name, str) or not name:
-        raise invalid_request('Say which model: {"model": NAME}.', param="model")
-    return name
+    return json_body_name(raw, "model", "which model")
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:

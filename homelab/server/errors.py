@@ -188,3 +188,16 @@ def param_name(loc: tuple[int | str, ...]) -> str:
         else:
             name += f".{part}" if name else str(part)
     return name
+
+
+def json_body_name(raw: bytes, field: str, what: str) -> str:
+    """The non-empty string ``field`` of an admin request's JSON body, or a 400 saying
+    ``what`` to name (``{"model": NAME}``)."""
+    try:
+        document = json.loads(raw or b"{}")
+    except ValueError:
+        raise invalid_request("The body is not valid JSON.") from None
+    value = document.get(field) if isinstance(document, dict) else None
+    if not isinstance(value, str) or not value:
+        raise invalid_request(f'Say {what}: {{"{field}": NAME}}.', param=field)
+    return value

@@ -259,3 +259,17 @@ def _read_capped(response: Any, policy: ImagePolicy, deadline: float) -> bytes:
             )
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def count_typed_parts(messages: Any, part_type: str) -> int:
+    """How many content parts of ``part_type`` a raw ``messages`` list holds (counted before
+    any is decoded: the image limit is checked first)."""
+    if not isinstance(messages, list):
+        return 0
+    return sum(
+        1
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and part.get("type") == part_type
+    )

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from homelab.server.image_parts import check_image_count, image_from_url
+from homelab.server.image_parts import check_image_count, count_typed_parts, image_from_url
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_LENGTH = 256
@@ -169,19 +169,6 @@ def _image_url(part: dict[str, Any]) -> str:
             'an image_url part needs "image_url": {"url": "data:image/...;base64,..."}'
         )
     return url
-
-
-def count_image_parts(messages: Any) -> int:
-    """How many image parts a raw ``messages`` list holds (counted before any is decoded)."""
-    if not isinstance(messages, list):
-        return 0
-    return sum(
-        1
-        for message in messages
-        if isinstance(message, dict) and isinstance(message.get("content"), list)
-        for part in message["content"]
-        if isinstance(part, dict) and part.get("type") == "image_url"
-    )
 
 
 class FunctionDefinition(_Wire):
@@ -350,7 +337,9 @@ class ChatCompletionRequest(_SamplingRequest):
     @field_validator("messages", mode="before")
     @classmethod
     def _image_count(cls, value: Any, info: ValidationInfo) -> Any:
-        check_image_count(count_image_parts(value), info.context)  # before any is decoded
+        check_image_count(
+            count_typed_parts(value, "image_url"), info.context
+        )  # before any is decoded
         return value
 
     @field_validator("chat_template_kwargs")

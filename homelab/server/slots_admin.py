@@ -13,7 +13,6 @@ hit counts from :func:`metrics_lines`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
@@ -24,7 +23,7 @@ from fastapi import FastAPI, Request
 from homelab.engine.state_cache.slot_states import SLOT_ACTIONS
 from homelab.engine.state_cache.store import PromptCache
 from homelab.errors import BusyError, EngineError
-from homelab.server.errors import ApiError, invalid_request
+from homelab.server.errors import ApiError, invalid_request, json_body_name
 
 
 class SlotAdmin(Protocol):
@@ -83,14 +82,7 @@ def _slot_admin(engine: Any) -> SlotAdmin:
 
 
 def _tenant(raw: bytes) -> str:
-    try:
-        document = json.loads(raw or b"{}")
-    except ValueError:
-        raise invalid_request("The body is not valid JSON.") from None
-    tenant = document.get("tenant") if isinstance(document, dict) else None
-    if not isinstance(tenant, str) or not tenant:
-        raise invalid_request('Say whose state to restore: {"tenant": NAME}.', param="tenant")
-    return tenant
+    return json_body_name(raw, "tenant", "whose state to restore")
 
 
 def metrics_lines(cache: PromptCache | None) -> str:
