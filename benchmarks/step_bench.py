@@ -8,7 +8,9 @@ The tiny demo model decodes in ~0.3 ms a step on this CPU — a stand-in for a G
 Python per token are no longer hidden by the compute. Steady state, side by side:
 
 - **single stream**: the engine (one process, kept running, one slot) streaming ``--tokens``
-  greedy tokens with end-of-text banned, against ``llama-bench -n --tokens`` (tg);
+  greedy tokens with end-of-text banned, against ``llama-bench -n --tokens`` (tg). Read as
+  ``homelab run`` reads it (``RequestHandle.chunks``: what has come, every 20 ms) and, in a
+  row of its own, by a reader woken for every token (llama-bench has no reader at all);
 - **batched**: the engine with S slots (one process per S, kept running) generating 128
   tokens in each of S sequences at once, against ``llama-batched-bench -npl S`` (S_TG);
 - **TTFT** (``--ttft``): ``homelab serve`` and ``llama-server`` (the same planned context,
@@ -54,6 +56,7 @@ BATCH_TOKENS = 128
 BATCH_PROMPT_TOKENS = 32
 TTFT_PROMPTS = (2048, 8192, 32768)
 OURS, THEIRS = "homelab", "llama.cpp"
+PER_TOKEN = "homelab, reader woken per token"
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ Results = dict[tuple[str, str], Series]  # (row, contender) -> values
 
 def serve_engine(model: str, slots: int, threads: int, ctx_per_slot: int) -> None:
     """Child process: load the engine once, then answer one JSON command per stdin line."""
-    from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams
+    from homelab.engine.api import GenerationRequest, SamplingParams
     from homelab.engine.engine import Engine
     from homelab.settings import Settings
 
@@ -112,16 +115,24 @@ def serve_engine(model: str, slots: int, threads: int, ctx_per_slot: int) -> Non
         command = json.loads(line)
         sampling = SamplingParams(temperature=0.0, max_tokens=command["tokens"], ignore_eos=True)
         if command["op"] == "stream":
-            times: list[float] = []
             handle = engine.submit(GenerationRequest("bench", "hello world", sampling))
-            for event in handle:
-                if not isinstance(event, FinishEvent):
-                    times.append(time.perf_counter())
-            value = (len(times) - 1) / (times[-1] - times[0])
+            value = _stream_tok_s(handle, per_token=command.get("per_token", False))
         else:
             value = _aggregate(engine, command["streams"], sampling, command["round"])
         print(json.dumps({"value": value}), flush=True)
     engine.close()
+
+
+def _stream_tok_s(handle: Any, *, per_token: bool) -> float:
+    """Decode tok/s of one stream: read as ``homelab run`` reads it (``chunks``: the reader
+    takes what has come every 20 ms), or by a reader woken for every token."""
+    from homelab.engine.api import FinishEvent
+
+    if not per_token:
+        finish = [e for events in handle.chunks() for e in events if isinstance(e, FinishEvent)]
+        return float(finish[0].stats.decode_tok_s)  # first token -> last, timed on the lane
+    times = [time.perf_counter() for event in handle if not isinstance(event, FinishEvent)]
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def _aggregate(engine: Any, streams: int, sampling: Any, round_index: int) -> float:
@@ -286,6 +297,9 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                         f"single stream tg{config.tokens}",
                         {
                             OURS: lambda ask=ask: ask(op="stream", tokens=config.tokens),
+                            PER_TOKEN: lambda ask=ask: ask(
+                                op="stream", tokens=config.tokens, per_token=True
+                            ),
                             THEIRS: lambda: llama_bench_tg(config),
                         },
                     )
@@ -333,15 +347,19 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
         "|---|---:|---:|---:|",
     ]
     for row in rows:
-        ours, theirs = results[(row, OURS)], results[(row, THEIRS)]
+        theirs = results[(row, THEIRS)]
         lower_better = "lower is better" in row
-        ratio = theirs.median / ours.median if lower_better else ours.median / theirs.median
-        worst = _worst_round_ratio(ours, theirs, lower_better)
-        lines.append(
-            f"| {row} | {ours.median:.3f} · {ours.worst:.3f} [{ours.values[0]:.3f}] | "
-            f"{theirs.median:.3f} · {theirs.worst:.3f} [{theirs.values[0]:.3f}] | "
-            f"{ratio:.2f}x · {worst:.2f}x |"
-        )
+        for name, label in ((OURS, row), (PER_TOKEN, f"{row}, reader woken per token")):
+            ours = results.get((row, name))
+            if ours is None:
+                continue
+            ratio = theirs.median / ours.median if lower_better else ours.median / theirs.median
+            worst = _worst_round_ratio(ours, theirs, lower_better)
+            lines.append(
+                f"| {label} | {ours.median:.3f} · {ours.worst:.3f} [{ours.values[0]:.3f}] | "
+                f"{theirs.median:.3f} · {theirs.worst:.3f} [{theirs.values[0]:.3f}] | "
+                f"{ratio:.2f}x · {worst:.2f}x |"
+            )
     return "\n".join(lines)
 
 

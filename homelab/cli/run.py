@@ -175,16 +175,24 @@ def _stream(
     from homelab.engine.api import FinishEvent
 
     pieces: list[str] = []
-    for event in engine.submit(request):
-        if isinstance(event, FinishEvent):
-            if event.error:
-                print(f"homelab: generation failed: {event.error}", file=sys.stderr)
-            return "".join(pieces), event
-        pieces.append(event.text)
-        if out is not None and event.text:
-            out.write(event.text)
-            out.flush()
+    for events in engine.submit(request).chunks():  # not woken per token (RequestHandle.chunks)
+        shown = len(pieces)
+        for event in events:
+            if isinstance(event, FinishEvent):
+                _show(out, pieces[shown:])
+                if event.error:
+                    print(f"homelab: generation failed: {event.error}", file=sys.stderr)
+                return "".join(pieces), event
+            pieces.append(event.text)
+        _show(out, pieces[shown:])
     raise AssertionError("a request stream always ends with a FinishEvent")
+
+
+def _show(out: TextIO | None, pieces: list[str]) -> None:
+    text = "".join(pieces)
+    if out is not None and text:
+        out.write(text)
+        out.flush()
 
 
 def format_stats(finish: FinishEvent) -> str:

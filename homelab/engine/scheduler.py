@@ -67,6 +67,9 @@ from homelab.llamacpp.vocab import Vocab
 # measured (benchmarks/sampling_bench.py): one sequence, 1,024 tokens: sampler call 2.7 µs,
 # argmax 5.2 µs; 32,000 tokens: 79 µs against 29 µs
 ARGMAX_MIN_VOCAB = 4096
+# a reader of RequestHandle.chunks takes what has come this often while tokens flow (50 Hz:
+# a terminal or a screen shows no more)
+READ_INTERVAL_S = 0.02
 
 log = logging.getLogger("homelab.engine")
 
@@ -193,6 +196,23 @@ class RequestHandle:
         if self._consumed:
             raise StopIteration
         return self._deliver(self._events.get())
+
+    def chunks(self, interval_s: float = READ_INTERVAL_S) -> Iterator[list[Event]]:
+        """The events in lists, for a thread that shows them (a terminal, a screen): the
+        first event after a pause wakes the reader at once; while tokens flow, the reader
+        takes what has come every ``interval_s`` instead of being woken for each token. A
+        thread woken per token takes a core from the decode on a small machine (2 cores:
+        see benchmarks/RESULTS.md). The last list ends with the FinishEvent."""
+        while not self._consumed:
+            events = [self._deliver(self._events.get())]
+            while not self._consumed:
+                try:
+                    events.append(self._deliver(self._events.get_nowait()))
+                except queue.Empty:
+                    break
+            yield events
+            if not self._consumed:
+                time.sleep(interval_s)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self.events()

@@ -16,6 +16,7 @@ generates, on a real engine and a generated tiny model:
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 from engine_helpers import EngineFactory
 
-from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent
+from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from homelab.engine.engine import Engine
 from homelab.engine.scheduler import RequestHandle
 from homelab.llamacpp import lane
@@ -130,3 +131,34 @@ def test_streaming_readers_on_one_loop_are_woken_once_per_step(make_engine: Engi
     assert asyncio.run(read_all()) == [64] * 8
     steps = engine.metrics().steps_total - steps_before
     assert wakes[0] <= steps + 8, (wakes[0], steps)  # 8: admissions may wake outside a step
+
+
+def test_a_chunked_reader_is_not_woken_per_token(warm_engine: Engine) -> None:
+    """``chunks``: the first token wakes the reader at once; the rest are taken in lists
+    every ``interval_s`` (what ``homelab run`` does: a reader woken per token takes a core from
+    the decode on a small machine). Same events as iterating the handle one by one."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
+    request = GenerationRequest("chunks", "hello world", sampling)
+    expected = warm_engine.submit(request).collect()
+    lists = list(warm_engine.submit(request).chunks(interval_s=0.25))
+    events = [event for events in lists for event in events]
+    tokens = [event.token_id for event in events if isinstance(event, TokenEvent)]
+    assert tokens == list(expected.token_ids)
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == expected.text
+    assert isinstance(lists[-1][-1], FinishEvent)
+    assert not any(isinstance(event, FinishEvent) for event in events[:-1])
+    assert len(lists[0]) < N_TOKENS  # the reader saw the first tokens before the end
+    # 256 tokens take ~0.1-0.5 s here: woken per token, 256 lists; at 0.25 s, a handful
+    assert len(lists) <= 8, [len(events) for events in lists]
+
+
+def test_a_loaded_engine_keeps_the_collector_off_the_loaded_heap(
+    make_engine: EngineFactory,
+) -> None:
+    """A full collection walks every object of the process on the compute lane (20-35 ms:
+    whole steps); a loaded engine freezes what exists, closing it unfreezes."""
+    gc.unfreeze()
+    engine = make_engine(n_parallel=1)
+    assert gc.get_freeze_count() > 10_000  # the imports, the test session, the engine
+    engine.close()
+    assert gc.get_freeze_count() == 0
