@@ -2,6 +2,7 @@
 
     python -m benchmarks.step_bench                       # tiny F16 demo, 5 rounds
     python -m benchmarks.step_bench --rounds 7 --ttft     # and TTFT of 2K/8K/32K prompts
+    python -m benchmarks.step_bench --ttft-only --ttft-prompts 32768 --rounds 1
 
 The tiny demo model decodes in ~0.3 ms a step on this CPU — a stand-in for a GPU's step time
 (an 8B model on an RTX 4090: ~6 ms; a 1-4B model: 1-5 ms), where a few hundred microseconds of
@@ -69,6 +70,7 @@ class StepBenchConfig:
     ttft: bool = False
     ttft_only: bool = False  # skip the single-stream and batched rows (the GPU script has them)
     ttft_model: Path | None = None
+    ttft_prompts: tuple[int, ...] = TTFT_PROMPTS  # prompt tokens
     min_idle: float = 0.8
     max_wait_s: float = 20.0
 
@@ -85,9 +87,10 @@ class Series:
     def median(self) -> float:
         return statistics.median(self.later) if self.values else float("nan")
 
-    @property
-    def worst(self) -> float:
-        return min(self.later) if self.values else float("nan")
+    def worst(self, lower_better: bool = False) -> float:
+        if not self.values:
+            return float("nan")
+        return max(self.later) if lower_better else min(self.later)
 
 
 Results = dict[tuple[str, str], Series]  # (row, contender) -> values
@@ -241,7 +244,7 @@ def one_token_s(client: httpx.Client, url: str, prompt: list[int]) -> float:
 @contextmanager
 def ttft_servers(config: StepBenchConfig) -> Iterator[dict[str, str]]:
     model = config.ttft_model or _bench_model()
-    ctx = max(TTFT_PROMPTS) + 256
+    ctx = max(config.ttft_prompts) + 256
     server_config = ServerBenchConfig(model=model, threads=config.threads, ctx_per_slot=ctx)
     settings = planned_settings(server_config, 1)
     ours_port, theirs_port = free_port(), free_port()
@@ -316,7 +319,7 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                         },
                     )
                 )
-            for n in TTFT_PROMPTS if config.ttft else ():
+            for n in config.ttft_prompts if config.ttft else ():
                 prompt = ttft_prompt(n, round_index)
                 rows.append(
                     (
@@ -340,7 +343,8 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
 def markdown(config: StepBenchConfig, results: Results) -> str:
     rows = sorted({row for row, _ in results}, key=_row_order)
     lines = [
-        f"model {config.model.name}, {config.threads} threads, {config.rounds} rounds "
+        f"model {config.model.name} (TTFT: {(config.ttft_model or _bench_model()).name}), "
+        f"{config.threads} threads, {config.rounds} rounds "
         "(median and worst of the rounds after the first; first round in brackets)",
         "",
         f"| | {OURS} median · worst | {THEIRS} median · worst | ratio median · worst round |",
@@ -356,8 +360,9 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
             ratio = theirs.median / ours.median if lower_better else ours.median / theirs.median
             worst = _worst_round_ratio(ours, theirs, lower_better)
             lines.append(
-                f"| {label} | {ours.median:.3f} · {ours.worst:.3f} [{ours.values[0]:.3f}] | "
-                f"{theirs.median:.3f} · {theirs.worst:.3f} [{theirs.values[0]:.3f}] | "
+                f"| {label} | {ours.median:.3f} · {ours.worst(lower_better):.3f} "
+                f"[{ours.values[0]:.3f}] | {theirs.median:.3f} · "
+                f"{theirs.worst(lower_better):.3f} [{theirs.values[0]:.3f}] | "
                 f"{ratio:.2f}x · {worst:.2f}x |"
             )
     return "\n".join(lines)
@@ -405,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="8,16,32", help="batched sequences (8,16,32)")
     parser.add_argument("--ttft", action="store_true", help="also TTFT of 2K/8K/32K prompts")
     parser.add_argument("--ttft-only", action="store_true", help="only the TTFT rows")
+    parser.add_argument(
+        "--ttft-prompts", default="2048,8192,32768", help="TTFT prompt tokens (2048,8192,32768)"
+    )
     parser.add_argument("--ttft-model", type=Path, help="GGUF for TTFT (default: demo:bench:Q8_0)")
     parser.add_argument("--min-idle", type=float, default=0.8)
     args = parser.parse_args(argv)
@@ -419,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         ttft=args.ttft or args.ttft_only,
         ttft_only=args.ttft_only,
         ttft_model=args.ttft_model,
+        ttft_prompts=tuple(int(n) for n in args.ttft_prompts.split(",") if n),
         min_idle=args.min_idle,
     )
     results = measure(config, lambda line: print(line, file=sys.stderr, flush=True))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import concurrent.futures
+import contextlib
 import logging
 import math
 import queue
@@ -364,6 +365,7 @@ class Scheduler:
         self.failure: str | None = None  # set by fail(): this context can never compute again
         self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._pieces: dict[int, bytes] = {}
+        self._whole_texts: dict[int, str] = {}  # see piece()
         self._batch = Batch(config.n_batch)
         self._stopped = threading.Event()  # set on the lane once the scheduler has shut down
         self._images = images  # the vision projector's side, when the model has one
@@ -472,14 +474,14 @@ class Scheduler:
         are due; None once shut down or failed (the lane forgets this scheduler)."""
         if self.failure is not None or self._stopped.is_set():
             return None  # failed: fail() ended every request; llama.cpp is never touched again
-        with self._lock:
-            if self._incoming:
+        if self._incoming or self._closing:  # read unlocked: the writers wake the lane after
+            with self._lock:
                 self._waiting.extend(self._incoming)
                 self._incoming.clear()
-            closing = self._closing
-        if closing:
-            self._stop()
-            return None
+                closing = self._closing
+            if closing:
+                self._stop()
+                return None
         if self._waiting or self._prefilling or self._decoding or self._calls:
             self.wakes.gathering_thread = threading.get_ident()
             try:
@@ -521,10 +523,14 @@ class Scheduler:
         if self._profile is not None:
             self._profiled_step(self._profile)
             return
-        self._run_calls()
-        self._drop_cancelled()
-        self._admit()
-        self._propose()
+        if self._calls:
+            self._run_calls()
+        if self._cancel_noted:
+            self._drop_cancelled()
+        if self._waiting:
+            self._admit()
+        if self._speculator is not None:
+            self._propose()
         parts = self._plan_batch()
         if parts:
             self._decode(parts)
@@ -639,6 +645,8 @@ class Scheduler:
         a batch wherever the next sequence id is not the last one plus one, and computes
         each piece as a graph of its own (8 slots one swap out of order: 1.6x the time)."""
         parts = [self._decode_part(job) for job in self._decoding]
+        if not self._prefilling:
+            return parts  # the generating list is kept in slot order
         room = self.config.n_batch - sum(len(part.tokens) for part in parts)
         budget = min(room, self.config.prefill_chunk_tokens) if parts else room
         for job in self._prefilling:
@@ -655,8 +663,6 @@ class Scheduler:
             completes = job.prompt_pos + take == len(job.prompt)
             parts.append(_Part(job, job.n_past, tokens, completes, True))
             budget -= take
-        if not self._prefilling:
-            return parts  # the generating list is kept in slot order
         return sorted(parts, key=lambda part: _seq_id(part.job))  # prefill parts among the rest
 
     @staticmethod
@@ -693,18 +699,23 @@ class Scheduler:
             self._speculator.end_step()  # a decode-only step: the speculator measures it
 
     def _after_decode(self, parts: list[_Part]) -> None:
-        prefill_tokens = decode_tokens = drafted = accepted = 0
+        prefill_tokens = decode_tokens = drafted = accepted = prefilling = 0
+        sampling: list[_Part] = []
         for part in parts:
+            if part.sample:
+                sampling.append(part)
             if part.draft:
                 continue  # how much of it stays in the cache is known after verifying
-            job = part.job
+            job, n_tokens = part.job, len(part.tokens)
             job.slot.tokens.extend(part.tokens)  # type: ignore[union-attr]
-            job.n_past += len(part.tokens)
+            job.n_past += n_tokens
             if part.prefill:
-                job.prompt_pos += len(part.tokens)
-                job.clock.evaluated_tokens += len(part.tokens)
-                prefill_tokens += len(part.tokens)
-        sampling = [part for part in parts if part.sample]
+                job.prompt_pos += n_tokens
+                job.clock.evaluated_tokens += n_tokens
+                prefill_tokens += n_tokens
+                prefilling += 1
+            elif part.sample:
+                decode_tokens += 1  # a generating sequence's one token
         if not self._sample_greedy_batch(sampling):
             for part in sampling:
                 if part.draft:
@@ -714,8 +725,7 @@ class Scheduler:
                     accepted += kept
                 else:
                     self._sample_safely(part.job)
-        decode_tokens += sum(not part.prefill and not part.draft for part in sampling)
-        n_sequences = sum(not part.prefill for part in parts)
+        n_sequences = len(parts) - prefilling
         self._meter.record_step(
             time.perf_counter(), prefill_tokens, decode_tokens, n_sequences, drafted, accepted
         )
@@ -789,10 +799,10 @@ class Scheduler:
         logits, when each of them samples greedily and nothing else (no drafts, grammar,
         penalties, biases or log-probabilities): one numpy call instead of a sampler call per
         sequence, each copying the whole vocabulary. False: sample them one by one."""
-        if not parts or any(part.draft or not part.job.chain.plain_greedy for part in parts):
-            return False
-        if len(parts) == 1 and self.config.n_vocab < ARGMAX_MIN_VOCAB:
+        if not parts or (len(parts) == 1 and self.config.n_vocab < ARGMAX_MIN_VOCAB):
             return False  # one sequence, a tiny vocabulary: the one sampler call is cheaper
+        if any(part.draft or not part.job.chain.plain_greedy for part in parts):
+            return False
         logits = self._context.output_logits(len(parts))  # each part's last token, in order
         if logits is None:
             return False
@@ -914,7 +924,7 @@ class Scheduler:
                 job.handle.push(TokenEvent(text, token, logprob))
             self._finish(job, "stop")
             return False
-        text = job.utf8.feed(self.piece(token))
+        text = job.utf8.feed(self.piece(token), self._whole_texts.get(token))
         stopped = False
         if job.stop is not None:
             text, stopped = job.stop.feed(text)
@@ -939,11 +949,14 @@ class Scheduler:
         return text + more + ("" if stopped else job.stop.flush())
 
     def piece(self, token: int) -> bytes:
-        """A token's bytes as output text (control tokens are empty), cached."""
+        """A token's bytes as output text (control tokens are empty), cached; with its
+        text in ``_whole_texts`` when the bytes are complete UTF-8 by themselves."""
         cached = self._pieces.get(token)
         if cached is None:
             cached = self._vocab.token_bytes(token, special=False)
             self._pieces[token] = cached
+            with contextlib.suppress(UnicodeDecodeError):  # else part of a character
+                self._whole_texts[token] = cached.decode("utf-8")
         return cached
 
     def _logprob(self, job: Job, token: int, row: int) -> TokenLogprob:

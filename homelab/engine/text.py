@@ -33,7 +33,12 @@ class Utf8Decoder:
         # replaces a byte as soon as it proves invalid: exactly the semantics we want.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def feed(self, data: bytes) -> str:
+    def feed(self, data: bytes, whole: str | None = None) -> str:
+        """The characters ``data`` completes. ``whole``: ``data`` decoded, when it is
+        complete UTF-8 by itself (a cache of the caller's): returned as it is when no
+        earlier bytes are pending, without decoding anything."""
+        if whole is not None and not self._decoder.buffer:  # type: ignore[attr-defined]
+            return whole
         return self._decoder.decode(data, final=False)
 
     def flush(self) -> str:

@@ -69,12 +69,13 @@ class ComputeLane:
         self._cv = threading.Condition()
         self._calls: deque[_Call] = deque()
         self._residents: list[Resident] = []
+        self._stepping: tuple[Resident, ...] = ()  # _residents as the lane last took them
         self._woken = False  # a wake() since the lane last looked for work
         self._thread: threading.Thread | None = None
 
     def run(self, function: Callable[[], Any]) -> Any:
         """``function()`` on the lane thread; its result, or its exception raised here."""
-        if self._thread is threading.current_thread():
+        if self.is_current():
             return function()
         call = _Call(function)
         call.done.acquire()
@@ -111,6 +112,11 @@ class ComputeLane:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
+    def is_current(self) -> bool:
+        """Whether the calling thread is the lane (a C call and a compare: every step asks)."""
+        thread = self._thread
+        return thread is not None and thread.ident == threading.get_ident()
+
     def _ensure_started(self) -> None:
         if self._thread is None:
             self._start()
@@ -142,12 +148,15 @@ class ComputeLane:
             self._calls.extendleft(reversed(calls))
             self._cv.notify()
 
-    def _take_work(self) -> tuple[list[_Call], list[Resident]]:
+    def _take_work(self) -> tuple[list[_Call], tuple[Resident, ...]]:
+        if not self._calls and not self._woken:  # nothing new: no lock (a writer that comes
+            return [], self._stepping  # now is seen by _sleep, which looks under the lock)
         with self._cv:
             calls = list(self._calls)
             self._calls.clear()
             self._woken = False
-            return calls, list(self._residents)
+            self._stepping = tuple(self._residents)
+            return calls, self._stepping
 
     def _step(self, resident: Resident) -> float:
         try:
@@ -160,6 +169,7 @@ class ComputeLane:
         with self._cv:
             if resident in self._residents:
                 self._residents.remove(resident)
+            self._stepping = tuple(self._residents)
         return 0.0
 
     def _sleep(self, wait_s: float) -> None:
@@ -195,7 +205,7 @@ def wake() -> None:
 
 def on_lane() -> bool:
     """Whether the calling thread is the compute lane."""
-    return _LANE.thread is threading.current_thread()
+    return _LANE.is_current()
 
 
 def replace_stuck_lane() -> None:

@@ -74,6 +74,18 @@ def test_invalid_sequences_become_replacement_characters(invalid: bytes) -> None
     assert set(text[:-2]) == {REPLACEMENT_CHARACTER}
 
 
+def test_a_whole_piece_is_taken_as_it_is_only_when_nothing_is_pending() -> None:
+    """``feed(data, whole)``: the scheduler passes a token's text when its bytes are complete
+    UTF-8 by themselves; it must not skip bytes still pending from the tokens before."""
+    decoder = Utf8Decoder()
+    assert decoder.feed(b"ab", "ab") == "ab"
+    assert decoder.feed(b"\xc3") == ""  # the first byte of "é"
+    assert decoder.feed(b"a", "a") == REPLACEMENT_CHARACTER + "a"  # cannot continue it
+    assert decoder.feed(b"\xe2\x82") == ""  # two bytes of "€"
+    assert decoder.feed(b"\xac!", None) == "€!"
+    assert decoder.feed("é".encode(), "é") == "é"
+
+
 def test_flush_replaces_an_unfinished_character_and_resets() -> None:
     decoder = Utf8Decoder()
     assert decoder.feed("é".encode()[:1]) == ""
