@@ -152,6 +152,7 @@ class RequestHandle:
         # the asyncio consumer is parked on `_async_wake` (set by it, cleared by `push`)
         self._async_waiting = False
         self._wake_at_finish = False  # park until the FinishEvent (whole-response readers)
+        self._ended = threading.Event()  # the FinishEvent is queued (collect() waits for it)
 
     def cancel(self) -> None:
         """Stop generating; the slot is freed at the next step. Safe from any thread."""
@@ -165,6 +166,8 @@ class RequestHandle:
         (a wake-up costs the loop a self-pipe write and a turn: once per token otherwise) and,
         for a whole-response reader, only at the finish."""
         self._events.put(event)
+        if isinstance(event, FinishEvent):
+            self._ended.set()
         if not self._async_waiting:
             return
         if self._wake_at_finish and not isinstance(event, FinishEvent):
@@ -252,7 +255,9 @@ class RequestHandle:
             return event
 
     def collect(self) -> Completion:
-        """Block until the request ends; return its text, tokens and finish event."""
+        """Block until the request ends; return its text, tokens and finish event. The
+        thread is woken once, at the end (not per token: see :meth:`chunks`)."""
+        self._ended.wait()
         texts: list[str] = []
         tokens: list[int] = []
         logprobs: list[TokenLogprob | None] = []
@@ -813,7 +818,9 @@ class Scheduler:
             if part.job.request.sampling.ignore_eos or self._before_min_tokens(part.job)
         ]
         if banned:  # nobody reads these logits again (no log-probabilities, no drafts)
-            logits[np.ix_(np.asarray(banned), self._eog_ids)] = -np.inf
+            rows = slice(None) if len(banned) == len(parts) else np.asarray(banned)
+            for eog in self._eog_ids:  # one column at a time: no index grid to build
+                logits[rows, eog] = -np.inf
         picks = logits.argmax(axis=1).tolist()  # the greedy sampler's pick: the first maximum
         if self._profile is not None:
             self._profile.add("sample", time.perf_counter() - started)
