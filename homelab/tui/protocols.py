@@ -30,6 +30,11 @@ class AnswerStream(HandleLike, Protocol):
 
     def __iter__(self) -> Iterator[TokenEvent | FinishEvent]: ...
 
+    def chunks(self, interval_s: float = ...) -> Iterator[list[TokenEvent | FinishEvent]]:
+        """The events in lists, taken every ``interval_s`` while tokens flow (the reader is
+        not woken per token)."""
+        ...
+
 
 class DashboardEngine(EngineLike, Protocol):
     """A loaded model: what the server needs, plus what the panels show and control."""

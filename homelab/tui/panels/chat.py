@@ -130,11 +130,12 @@ class ChatController:
 
     def _stream(self, answer: AnswerStream) -> None:
         try:
-            for event in answer:
-                if isinstance(event, TokenEvent):
-                    self.text.append(event.text)
-                else:
-                    self.app.post_message(AnswerFinished(event))
+            for events in answer.chunks():  # the screen redraws per tick, not per token
+                for event in events:
+                    if isinstance(event, TokenEvent):
+                        self.text.append(event.text)
+                    else:
+                        self.app.post_message(AnswerFinished(event))
         except HomelabError as error:
             self.app.post_message(TaskFailed("answering", error))
             self.app.post_message(AnswerFinished(None))
