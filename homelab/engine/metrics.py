@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from homelab.engine.api import EngineMetrics, RequestStats
 
@@ -26,6 +27,7 @@ log = logging.getLogger("homelab.engine")
 ROLLING_WINDOW_S = 3.0
 
 MetricsCallback = Callable[[EngineMetrics], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,7 +91,10 @@ class _Subscriber:
     next_due: float
 
 
-STEP_PHASES = ("admit", "draft", "batch", "decode", "sample", "emit")
+STEP_PHASES = (
+    "admit", "draft", "batch", "decode", "sample", "detokenize", "stop", "handoff", "emit",
+)  # fmt: skip
+PER_TOKEN_PHASES = ("detokenize", "stop", "handoff")  # timed inside the emit of each token
 
 
 class StepProfile:
@@ -97,8 +102,10 @@ class StepProfile:
     with ``profile_steps``, or ``HOMELAB_PROFILE_STEPS=1``, times its steps; others never
     call the clock for it). ``admit``: queued calls, cancellations, admissions; ``draft``:
     the speculator; ``batch``: planning and filling the llama_batch; ``decode``:
-    ``llama_decode``; ``sample``: the sampler chains; ``emit``: detokenizing, stop strings,
-    handing events to the request handles, metrics."""
+    ``llama_decode``; ``sample``: the sampler chains; ``detokenize``: token bytes to
+    complete UTF-8 text; ``stop``: the stop-string matcher; ``handoff``: the events handed
+    to the request handles (a reader woken from there); ``emit``: the rest after the decode
+    (bookkeeping, finishing requests, the metrics)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -108,6 +115,18 @@ class StepProfile:
     def add(self, phase: str, seconds: float) -> None:
         with self._lock:
             self._seconds[phase] += seconds
+
+    def timing(self, phase: str, function: Callable[..., T]) -> Callable[..., T]:
+        """``function``, its time added to ``phase`` at every call."""
+
+        def timed(*args: Any) -> T:
+            started = time.perf_counter()
+            try:
+                return function(*args)
+            finally:
+                self.add(phase, time.perf_counter() - started)
+
+        return timed
 
     def total(self, phase: str) -> float:
         with self._lock:

@@ -53,7 +53,7 @@ from homelab.engine.api import (
 )
 from homelab.engine.image_prefill import ImagePrefill, JobImages
 from homelab.engine.image_prompt import ImagePrompt, ImageSpan
-from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
+from homelab.engine.metrics import PER_TOKEN_PHASES, EngineMeter, RequestClock, StepProfile
 from homelab.engine.sampling import SamplerChain, top_logprobs
 from homelab.engine.slots import Slot, SlotTable
 from homelab.engine.speculation.acceptance import verify
@@ -375,6 +375,10 @@ class Scheduler:
         self._stopped = threading.Event()  # set on the lane once the scheduler has shut down
         self._images = images  # the vision projector's side, when the model has one
         self._image_steps: list[tuple[Job, ImageSpan, int]] = []  # planned for this step
+        if profile is not None:  # the per-token parts of emitting, timed (StepProfile)
+            self._detokenize = profile.timing("detokenize", self._detokenize)  # type: ignore[method-assign]
+            self._match_stops = profile.timing("stop", self._match_stops)  # type: ignore[method-assign]
+            self._hand_over = profile.timing("handoff", self._hand_over)  # type: ignore[method-assign]
 
     def start(self) -> None:
         lane.attach(self)
@@ -557,13 +561,14 @@ class Scheduler:
         built = clock()
         status = self._context.decode(batch) if batch is not None else 0
         decoded = clock()
-        sampling_before = profile.total("sample")
+        inner = ("sample", *PER_TOKEN_PHASES)
+        before = sum(profile.total(phase) for phase in inner)
         if parts:
             self._after_status(parts, status)
         if self._image_steps:
             self._decode_images()
         ended = clock()
-        sampled = profile.total("sample") - sampling_before
+        sampled = sum(profile.total(phase) for phase in inner) - before
         for phase, seconds in (
             ("admit", admitted - started),
             ("draft", drafted - admitted),
@@ -928,24 +933,37 @@ class Scheduler:
         if token in self._eog and not job.request.sampling.ignore_eos:
             text = self._release_held(job, "")
             if text:
-                job.handle.push(TokenEvent(text, token, logprob))
+                self._hand_over(job, TokenEvent(text, token, logprob))
             self._finish(job, "stop")
             return False
-        text = job.utf8.feed(self.piece(token), self._whole_texts.get(token))
+        text = self._detokenize(job, token)
         stopped = False
         if job.stop is not None:
-            text, stopped = job.stop.feed(text)
+            text, stopped = self._match_stops(job.stop, text)
         if stopped:
-            job.handle.push(TokenEvent(text, token, logprob))
+            self._hand_over(job, TokenEvent(text, token, logprob))
             self._finish(job, "stop")
             return False
         if clock.completion_tokens >= job.max_tokens:
-            job.handle.push(TokenEvent(self._release_held(job, text), token, logprob))
+            self._hand_over(job, TokenEvent(self._release_held(job, text), token, logprob))
             self._finish(job, "length")
             return False
-        job.handle.push(TokenEvent(text, token, logprob))
+        self._hand_over(job, TokenEvent(text, token, logprob))
         job.last_token = token
         return True
+
+    # the per-token parts of _emit, each its own phase when the engine profiles its steps
+
+    def _detokenize(self, job: Job, token: int) -> str:
+        return job.utf8.feed(self.piece(token), self._whole_texts.get(token))
+
+    @staticmethod
+    def _match_stops(stop: StopMatcher, text: str) -> tuple[str, bool]:
+        return stop.feed(text)
+
+    @staticmethod
+    def _hand_over(job: Job, event: TokenEvent) -> None:
+        job.handle.push(event)
 
     def _release_held(self, job: Job, text: str) -> str:
         """The end of the stream: whatever the decoder and the stop matcher still hold."""

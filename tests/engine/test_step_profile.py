@@ -4,6 +4,8 @@ its metrics and in the server's ``/metrics``; without it, no phase is timed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from engine_helpers import EngineFactory
 
@@ -20,11 +22,16 @@ def test_a_profiled_engine_reports_where_each_step_goes(
 ) -> None:
     monkeypatch.setenv(PROFILE_STEPS_ENV, "1")
     engine = make_engine(n_parallel=2)
-    for tenant in ("a", "b"):
-        engine.submit(GenerationRequest(tenant, "hello world", SAMPLING)).collect()
+    engine.submit(GenerationRequest("a", "hello world", SAMPLING)).collect()
     phases = engine.metrics().step_phases_us
     assert phases is not None and set(phases) == set(STEP_PHASES)
     assert phases["decode"] > 0 and phases["sample"] > 0 and phases["emit"] > 0
+    assert phases["detokenize"] > 0 and phases["handoff"] > 0  # timed per token
+    assert phases["stop"] == 0  # no stop strings: the matcher never ran
+    with_stops = replace(SAMPLING, stop=("never in this text",))
+    engine.submit(GenerationRequest("b", "hello world", with_stops)).collect()
+    phases = engine.metrics().step_phases_us
+    assert phases is not None and phases["stop"] > 0
     assert phases["draft"] >= 0  # no speculator: only the call
     exposition = ServerMetrics().render(engine.metrics(), "tiny")
     assert 'homelab_step_phase_seconds{model="tiny",phase="decode"}' in exposition
