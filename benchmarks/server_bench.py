@@ -87,6 +87,7 @@ class ServerBenchConfig:
     min_idle: float = 0.8
     max_wait_s: float = 20.0
     workloads: tuple[Workload, ...] = WORKLOADS
+    prompt_cache: bool = True  # homelab serve's default; llama-server runs with -cram 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ def ours_command(config: ServerBenchConfig, slots: int, port: int) -> list[str]:
         sys.executable, "-m", "homelab.cli", "serve", str(config.model), "--port", str(port),
         "--model-id", "bench", "--ctx", str(config.ctx_per_slot), "--parallel", str(slots),
         "--goal", "throughput", "--threads", str(config.threads),
+        *(() if config.prompt_cache else ("--no-prompt-cache",)),
     ]  # fmt: skip
 
 
@@ -467,6 +469,11 @@ def main(argv: list[str] | None = None) -> int:
         "--min-idle", type=float, default=0.8, help="idle CPU share to wait for (0.8)"
     )
     parser.add_argument("--max-wait", type=float, default=20.0, help="seconds to wait for it")
+    parser.add_argument(
+        "--no-prompt-cache",
+        action="store_true",
+        help="homelab serve keeps no state beyond its slot, as llama-server here (-cram 0)",
+    )
     args = parser.parse_args(argv)
     build_tools()
     model = args.model
@@ -484,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         temperature=args.temperature,
         min_idle=args.min_idle,
         max_wait_s=args.max_wait,
+        prompt_cache=not args.no_prompt_cache,
     )
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     log(f"model {config.model} · threads {config.threads} · {config.rounds} rounds")
