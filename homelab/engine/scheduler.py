@@ -166,11 +166,10 @@ class RequestHandle:
         (a wake-up costs the loop a self-pipe write and a turn: once per token otherwise) and,
         for a whole-response reader, only at the finish."""
         self._events.put(event)
-        if isinstance(event, FinishEvent):
+        finish = isinstance(event, FinishEvent)
+        if finish:
             self._ended.set()
-        if not self._async_waiting:
-            return
-        if self._wake_at_finish and not isinstance(event, FinishEvent):
+        if not self._async_waiting or (self._wake_at_finish and not finish):
             return
         self._async_waiting = False
         loop = self._loop

@@ -16,7 +16,7 @@ from homelab.errors import EngineError
 from homelab.llamacpp._lib import Closing, lib
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.ggml_types import ggml_type_id
-from homelab.llamacpp.lane import decode_on_lane, on_lane
+from homelab.llamacpp.lane import decode_on_lane
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
 from homelab.llamacpp.memory import SequenceMemory
 from homelab.llamacpp.model import Model
@@ -133,10 +133,7 @@ class Context(Closing):
 
         A failed call may leave part of the batch in the memory; the caller rolls back.
         """
-        lib, pointer, c_batch = self._lib, self.pointer, batch.c_batch
-        if on_lane():  # an engine's step (the lane's resident): a direct call
-            return int(lib.llama_decode(pointer, c_batch))
-        return decode_on_lane(lambda: int(lib.llama_decode(pointer, c_batch)))
+        return decode_on_lane(self._lib.llama_decode, self.pointer, batch.c_batch)
 
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of one output row of the last decode (a view, valid until the next)."""

@@ -130,8 +130,7 @@ class EmbeddingContext(Closing):
 
     def decode(self, batch: Batch) -> int:
         """One ``llama_decode`` of whole sequences: 0 on success (see llama.h otherwise)."""
-        lib, pointer, c_batch = self._lib, self.pointer, batch.c_batch
-        return decode_on_lane(lambda: int(lib.llama_decode(pointer, c_batch)))
+        return decode_on_lane(self._lib.llama_decode, self.pointer, batch.c_batch)
 
     def sequence_vector(self, seq_id: int) -> np.ndarray:
         """A copy of ``seq_id``'s pooled vector from the last decode."""

@@ -182,9 +182,13 @@ class ComputeLane:
 _LANE = ComputeLane()
 
 
-def decode_on_lane(decode: Callable[[], int]) -> int:
-    """Run one llama.cpp decode (or encode) on the process's compute lane."""
-    return int(_LANE.run(decode))
+def decode_on_lane(decode: Callable[..., Any], *args: Any) -> int:
+    """``decode(*args)``, one llama.cpp decode (or encode), on the process's compute lane:
+    a direct call when the lane itself asks (an engine's step, every token), else handed to
+    it."""
+    if _LANE.is_current():
+        return int(decode(*args))
+    return int(_LANE.run(lambda: decode(*args)))
 
 
 def run_on_lane(function: Callable[[], T]) -> T:

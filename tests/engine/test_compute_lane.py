@@ -9,7 +9,6 @@ on generated tiny models; no timing is asserted.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,22 +16,22 @@ import pytest
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.embeddings import Embedder, EmbeddingOptions
 from homelab.llamacpp import lane
+from homelab.llamacpp._lib import lib
 
 
 @pytest.fixture
 def decode_threads(monkeypatch: pytest.MonkeyPatch) -> set[int]:
-    """The ids of the threads that ran a decode, recorded through the real lane."""
+    """The ids of the threads that ran a ``llama_decode`` (engines decode on the lane by a
+    direct call, others hand it to the lane: the call itself is what is recorded)."""
     seen: set[int] = set()
-    real_run = lane._LANE.run
+    llama = lib()
+    real_decode = llama.llama_decode
 
-    def spying_run(function: Callable[[], Any]) -> Any:
-        def recorded() -> Any:
-            seen.add(threading.get_ident())
-            return function()
+    def recorded(*args: Any) -> Any:
+        seen.add(threading.get_ident())
+        return real_decode(*args)
 
-        return real_run(recorded)
-
-    monkeypatch.setattr(lane._LANE, "run", spying_run)
+    monkeypatch.setattr(llama, "llama_decode", recorded)
     return seen
 
 
