@@ -138,6 +138,24 @@ def test_a_small_ram_budget_holds_and_loses_only_the_least_recently_used(tmp_pat
     assert sum(path.stat().st_size for path in tmp_path.rglob("*.state")) <= 64 * KIB
 
 
+def test_a_full_ram_tier_sends_only_what_must_go_to_disk(tmp_path: Path) -> None:
+    """Each state beyond a full RAM tier moves the least recently used one to disk, and only
+    that one (the states queued for the writer once counted as staying: the first state
+    past the budget sent the whole tier to disk and waited for every write, on the lane)."""
+    cache = PromptCache(CacheConfig(16 * KIB, 1 << 20, tmp_path, min_tokens=1))
+    for index in range(20):
+        cache.put(MODEL, "alice", tokens_for(index), state_bytes(index))
+        cache.wait_for_writes()
+        stats = cache.stats()
+        assert stats.ram_entries == min(index + 1, 16)
+        assert stats.spilled == max(0, index + 1 - 16)
+    assert sum(entry.in_ram for entry in cache.entries()) == 16
+    found = cache.lookup(MODEL, "alice", (*tokens_for(19), 7))
+    assert found is not None and found.entry.data is not None  # the newest stayed in RAM
+    oldest = cache.lookup(MODEL, "alice", (*tokens_for(0), 7))
+    assert oldest is not None and oldest.entry.data is None and oldest.entry.path is not None
+
+
 def _kept(cache: PromptCache) -> set[int]:
     return {
         index

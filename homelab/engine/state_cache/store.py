@@ -211,13 +211,17 @@ class PromptCache:
             self._unlink(old)
 
     def _make_room(self, n_bytes: int) -> None:
-        """Move least recently used RAM states out until ``n_bytes`` more fit (under the lock)."""
-        resident = sorted(
-            (e for e in self._all() if e.data is not None and not e.spilling),
-            key=lambda e: e.last_used_s,
-        )
-        while resident and self._ram_bytes() + n_bytes > self.config.ram_budget_bytes:
-            self._spill(resident.pop(0))
+        """Move least recently used RAM states out until ``n_bytes`` more fit once the writer
+        has written what it holds (under the lock). States already queued for disk count as
+        gone: counting them as staying would send every state to disk at once."""
+        in_ram = [e for e in self._all() if e.data is not None]
+        staying = sum(e.n_bytes for e in in_ram if not e.spilling)
+        resident = sorted((e for e in in_ram if not e.spilling), key=lambda e: e.last_used_s)
+        for victim in resident:
+            if staying + n_bytes <= self.config.ram_budget_bytes:
+                return
+            self._spill(victim)
+            staying -= victim.n_bytes
 
     def _spill(self, entry: StateEntry) -> None:
         if entry.path is not None:  # already on disk: forget the RAM copy
