@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import subprocess
@@ -81,16 +82,21 @@ class Series:
 
     @property
     def later(self) -> list[float]:
+        """The rounds after the first (NaN where a tool printed nothing: see ``measure``)."""
         return self.values[1:] or self.values
 
     @property
+    def measured(self) -> list[float]:
+        return [value for value in self.later if not math.isnan(value)]
+
+    @property
     def median(self) -> float:
-        return statistics.median(self.later) if self.values else float("nan")
+        return statistics.median(self.measured) if self.measured else float("nan")
 
     def worst(self, lower_better: bool = False) -> float:
-        if not self.values:
+        if not self.measured:
             return float("nan")
-        return max(self.later) if lower_better else min(self.later)
+        return max(self.measured) if lower_better else min(self.measured)
 
 
 Results = dict[tuple[str, str], Series]  # (row, contender) -> values
@@ -191,9 +197,10 @@ class EngineProcess:
 # --- llama.cpp's tools --------------------------------------------------------------------------
 
 
-def _json_lines(command: list[str], tries: int = 5) -> list[dict[str, Any]]:
+def _json_lines(command: list[str], tries: int = 10) -> list[dict[str, Any]]:
     """The tool's JSON records (llama-batched-bench sometimes exits 0 having printed
-    nothing at all: such a run is retried, up to ``tries`` times)."""
+    nothing at all, about one run in six here: such a run is retried, up to ``tries``
+    times)."""
     for _ in range(tries):
         result = subprocess.run(command, capture_output=True, text=True, timeout=900)
         text = result.stdout.strip()
@@ -334,7 +341,11 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                 order = list(contenders.items())
                 for name, run in reversed(order) if flip else order:
                     wait_for_quiet(config.min_idle, config.max_wait_s, log)
-                    value = run()
+                    try:
+                        value = run()
+                    except RuntimeError as exc:  # llama-batched-bench at times prints nothing
+                        log(f"round {round_index + 1} {row} {name}: no result ({exc})")
+                        value = math.nan
                     results.setdefault((row, name), Series()).values.append(value)
                     log(f"round {round_index + 1} {row:<40} {name:<10} {value:10.3f}")
     return results
@@ -374,8 +385,9 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
 def _round_ratios(ours: Series, theirs: Series, lower_better: bool) -> list[float]:
     """Ours over theirs in each later round (measured minutes apart on a machine whose speed
     drifts by up to 2x over minutes, the pairs of one round are the fair comparison)."""
-    pairs = list(zip(ours.later, theirs.later, strict=False))
-    return [(t / o) if lower_better else (o / t) for o, t in pairs]
+    pairs = zip(ours.later, theirs.later, strict=False)
+    measured = [(o, t) for o, t in pairs if not (math.isnan(o) or math.isnan(t))]
+    return [(t / o) if lower_better else (o / t) for o, t in measured]
 
 
 def _row_order(row: str) -> tuple[int, int]:

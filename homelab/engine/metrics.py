@@ -105,7 +105,9 @@ class StepProfile:
     ``llama_decode``; ``sample``: the sampler chains; ``detokenize``: token bytes to
     complete UTF-8 text; ``stop``: the stop-string matcher; ``handoff``: the events handed
     to the request handles (a reader woken from there); ``emit``: the rest after the decode
-    (bookkeeping, finishing requests, the metrics)."""
+    (bookkeeping, finishing requests, the metrics). A profiled step always takes the
+    scheduler's general path (parts, then the batch built from them), never the shortcut of
+    a step in which every sequence generates (``Scheduler._generate``): a few µs more."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -152,6 +154,7 @@ class EngineMeter:
         self._lock = threading.Lock()
         self._window: deque[_Bucket] = deque()
         self._bucket_ends = -math.inf  # when the open bucket (the window's last) closes
+        self._open = _Bucket(-math.inf)  # the bucket steps add to (a placeholder until one)
         self._by_status: Counter[str] = Counter()
         self._subscribers: dict[int, _Subscriber] = {}
         self._next_id = 0
@@ -180,26 +183,39 @@ class EngineMeter:
         accepted: int = 0,
     ) -> None:
         """One step: prompt tokens evaluated, tokens emitted by the ``sequences`` that were
-        generating, and how many drafted tokens they verified and kept."""
-        with self._lock:
-            self.steps_total += 1
-            self.prefill_tokens_total += prefill_tokens
-            self.decode_tokens_total += decode_tokens
-            self.draft_tokens_total += drafted
-            self.accepted_draft_tokens_total += accepted
-            if now >= self._bucket_ends:
-                self._open_bucket(now)
-            bucket = self._window[-1]
-            bucket.prefill += prefill_tokens
-            bucket.decode += decode_tokens
-            bucket.sequences += sequences
-            bucket.drafted += drafted
-            bucket.accepted += accepted
+        generating, and how many drafted tokens they verified and kept. The lane is the only
+        writer: the counters are added to without the lock (a reader may miss the step being
+        written), which is taken only to open a new bucket (every ``BUCKET_S``)."""
+        self.steps_total += 1
+        self.prefill_tokens_total += prefill_tokens
+        self.decode_tokens_total += decode_tokens
+        self.draft_tokens_total += drafted
+        self.accepted_draft_tokens_total += accepted
+        bucket = self._open if now < self._bucket_ends else self._open_bucket(now)
+        bucket.prefill += prefill_tokens
+        bucket.decode += decode_tokens
+        bucket.sequences += sequences
+        bucket.drafted += drafted
+        bucket.accepted += accepted
 
-    def _open_bucket(self, now: float) -> None:
-        self._window.append(_Bucket(now))
-        self._bucket_ends = now + BUCKET_S
-        self._trim(now)
+    def record_generating_step(self, sequences: int) -> None:
+        """A step in which each of ``sequences`` emitted one token (``record_step`` for the
+        step nearly every token takes, with less to do)."""
+        self.steps_total += 1
+        self.decode_tokens_total += sequences
+        now = time.perf_counter()
+        bucket = self._open if now < self._bucket_ends else self._open_bucket(now)
+        bucket.decode += sequences
+        bucket.sequences += sequences
+
+    def _open_bucket(self, now: float) -> _Bucket:
+        bucket = _Bucket(now)
+        with self._lock:
+            self._window.append(bucket)
+            self._bucket_ends = now + BUCKET_S
+            self._open = bucket
+            self._trim(now)
+        return bucket
 
     def record_first_token(self, ttft_s: float) -> None:
         self.last_ttft_s = ttft_s

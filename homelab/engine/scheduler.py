@@ -38,7 +38,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -65,9 +65,6 @@ from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.vocab import Vocab
 
-# measured (benchmarks/sampling_bench.py): one sequence, 1,024 tokens: sampler call 2.7 µs,
-# argmax 5.2 µs; 32,000 tokens: 79 µs against 29 µs
-ARGMAX_MIN_VOCAB = 4096
 # a reader of RequestHandle.chunks takes what has come this often while tokens flow (50 Hz:
 # a terminal or a screen shows no more)
 READ_INTERVAL_S = 0.02
@@ -161,16 +158,22 @@ class RequestHandle:
             self._wake_scheduler()
 
     # called on the compute lane (the scheduler's step)
-    def push(self, event: Event) -> None:
-        """Queue ``event``; wake an asyncio consumer only if it is parked waiting for one
-        (a wake-up costs the loop a self-pipe write and a turn: once per token otherwise) and,
-        for a whole-response reader, only at the finish."""
+    def push(self, event: TokenEvent) -> None:
+        """Queue a token; wake an asyncio consumer only if it is parked waiting for one (a
+        wake-up costs the loop a self-pipe write and a turn: once per token otherwise) and
+        it reads token by token (a whole-response reader is woken at the finish)."""
         self._events.put(event)
-        finish = isinstance(event, FinishEvent)
-        if finish:
-            self._ended.set()
-        if not self._async_waiting or (self._wake_at_finish and not finish):
-            return
+        if self._async_waiting and not self._wake_at_finish:
+            self._wake_async()
+
+    def push_finish(self, event: FinishEvent) -> None:
+        """Queue the request's last event and wake whoever waits for it."""
+        self._events.put(event)
+        self._ended.set()
+        if self._async_waiting:
+            self._wake_async()
+
+    def _wake_async(self) -> None:
         self._async_waiting = False
         loop = self._loop
         if loop is None:
@@ -300,10 +303,16 @@ class Job:
     stop: StopMatcher | None = None
     spec: SequenceSpeculation | None = None  # set at admission when the engine speculates
     images: JobImages | None = None  # a prompt with images (see image_prefill)
+    # the request's sampling fields read for every token, copied once
+    max_tokens: int = field(init=False)
+    ignore_eos: bool = field(init=False)
+    wants_logprobs: bool = field(init=False)
 
-    @property
-    def max_tokens(self) -> int:
-        return self.request.sampling.max_tokens
+    def __post_init__(self) -> None:
+        sampling = self.request.sampling
+        self.max_tokens = sampling.max_tokens
+        self.ignore_eos = sampling.ignore_eos
+        self.wants_logprobs = sampling.logprobs is not None
 
 
 @dataclass
@@ -473,7 +482,7 @@ class Scheduler:
         job.clock.finished = time.perf_counter()
         self._meter.record_finish("error")
         job.handle.finished = True
-        job.handle.push(FinishEvent("error", job.clock.stats(), reason, fatal=True))
+        job.handle.push_finish(FinishEvent("error", job.clock.stats(), reason, fatal=True))
 
     # --- the loop (on the compute lane) -------------------------------------------------------
 
@@ -539,6 +548,10 @@ class Scheduler:
             self._admit()
         if self._speculator is not None:
             self._propose()
+        elif not self._prefilling:
+            if self._decoding:
+                self._generate()
+            return
         parts = self._plan_batch()
         if parts:
             self._decode(parts)
@@ -674,6 +687,28 @@ class Scheduler:
             budget -= take
         return sorted(parts, key=lambda part: _seq_id(part.job))  # prefill parts among the rest
 
+    def _generate(self) -> None:
+        """The step nearly every token takes: each sequence generates (no prompt is being
+        read, nothing drafted), so each brings its one last token and samples one. The same
+        as building parts and handing them to ``_after_decode``, in fewer Python calls: at
+        GPU step times (~0.3 ms on the tiny demo model here) they are what a token costs."""
+        jobs = tuple(self._decoding)
+        batch = self._batch
+        batch.clear()
+        for job in jobs:
+            job.batch_index = batch.add_one(job.last_token, job.n_past, job.slot.seq_id)  # type: ignore[union-attr]
+        status = self._context.decode(batch)
+        if status != 0:
+            self._after_status([self._decode_part(job) for job in jobs], status)
+            return
+        for job in jobs:
+            job.slot.tokens.append(job.last_token)  # type: ignore[union-attr]
+            job.n_past += 1
+        if not self._sample_greedy_batch(jobs):
+            for job in jobs:
+                self._sample_safely(job)
+        self._meter.record_generating_step(len(jobs))
+
     @staticmethod
     def _decode_part(job: Job) -> _Part:
         proposal = job.spec.proposal if job.spec is not None else None
@@ -725,7 +760,9 @@ class Scheduler:
                 prefilling += 1
             elif part.sample:
                 decode_tokens += 1  # a generating sequence's one token
-        if not self._sample_greedy_batch(sampling):
+        if any(part.draft for part in sampling) or not self._sample_greedy_batch(
+            [part.job for part in sampling]
+        ):
             for part in sampling:
                 if part.draft:
                     emitted, kept = self._verify_safely(part)
@@ -803,38 +840,42 @@ class Scheduler:
 
     # --- sampling and text ------------------------------------------------------------------
 
-    def _sample_greedy_batch(self, parts: list[_Part]) -> bool:
+    def _sample_greedy_batch(self, jobs: Sequence[Job]) -> bool:
         """Pick the most likely token of every sequence with one argmax over the step's
-        logits, when each of them samples greedily and nothing else (no drafts, grammar,
-        penalties, biases or log-probabilities): one numpy call instead of a sampler call per
-        sequence, each copying the whole vocabulary. False: sample them one by one."""
-        if not parts or (len(parts) == 1 and self.config.n_vocab < ARGMAX_MIN_VOCAB):
-            return False  # one sequence, a tiny vocabulary: the one sampler call is cheaper
-        if any(part.draft or not part.job.chain.plain_greedy for part in parts):
+        logits, when each of them samples greedily and nothing else (no grammar, penalties,
+        biases or log-probabilities; the caller sees there are no drafts): one numpy call
+        instead of a sampler call per sequence, each copying the whole vocabulary (~2 µs
+        against ~5 µs for one sequence over 1,024 tokens, ~30 against ~80 over 32,000).
+        False: sample them one by one."""
+        if not jobs or not all(job.chain.plain_greedy for job in jobs):
             return False
-        logits = self._context.output_logits(len(parts))  # each part's last token, in order
+        logits = self._context.output_logits(len(jobs))  # each job's last token, in order
         if logits is None:
             return False
         started = time.perf_counter() if self._profile is not None else 0.0
-        banned = [
-            index
-            for index, part in enumerate(parts)
-            if part.job.request.sampling.ignore_eos or self._before_min_tokens(part.job)
-        ]
-        if banned:  # nobody reads these logits again (no log-probabilities, no drafts)
-            rows = slice(None) if len(banned) == len(parts) else np.asarray(banned)
-            for eog in self._eog_ids:  # one column at a time: no index grid to build
-                logits[rows, eog] = -np.inf
         picks = logits.argmax(axis=1).tolist()  # the greedy sampler's pick: the first maximum
+        eog = self._eog
+        for index, job in enumerate(jobs):
+            if picks[index] in eog and self._eog_banned(job):
+                picks[index] = self._pick_without_eog(logits[index])
         if self._profile is not None:
             self._profile.add("sample", time.perf_counter() - started)
-        for part, token in zip(parts, picks, strict=True):
+        for job, token in zip(jobs, picks, strict=True):
             try:
-                self._emit(part.job, token, part.job.batch_index)
+                self._emit(job, token, job.batch_index)
             except Exception as exc:
-                log.exception("sampling failed for request %s", part.job.handle.request_id)
-                self._fail(part.job, f"sampling failed: {exc}")
+                log.exception("sampling failed for request %s", job.handle.request_id)
+                self._fail(job, f"sampling failed: {exc}")
         return True
+
+    def _pick_without_eog(self, row: np.ndarray) -> int:
+        """The most likely token of ``row`` once end-of-generation is banned (only asked when
+        the plain pick was an end: banning first would cost every step ~10 µs)."""
+        row[self._eog_ids] = -np.inf  # nobody reads these logits again
+        return int(row.argmax())
+
+    def _eog_banned(self, job: Job) -> bool:
+        return job.ignore_eos or self._before_min_tokens(job)
 
     def _sample_safely(self, job: Job) -> None:
         try:
@@ -922,27 +963,22 @@ class Scheduler:
         """Hand one sampled token to the request; False when the request has ended."""
         clock = job.clock
         if not clock.first_token:
-            clock.first_token = time.perf_counter()
-            self._meter.record_first_token(clock.first_token - clock.submitted)
-            self._prefilling.remove(job)
-            bisect.insort(self._decoding, job, key=_seq_id)
+            self._first_token(job)
         clock.completion_tokens += 1
-        wants_logprob = job.request.sampling.logprobs is not None
-        logprob = self._logprob(job, token, row) if wants_logprob else None
-        if token in self._eog and not job.request.sampling.ignore_eos:
+        logprob = self._logprob(job, token, row) if job.wants_logprobs else None
+        if token in self._eog and not job.ignore_eos:
             text = self._release_held(job, "")
             if text:
                 self._hand_over(job, TokenEvent(text, token, logprob))
             self._finish(job, "stop")
             return False
         text = self._detokenize(job, token)
-        stopped = False
         if job.stop is not None:
             text, stopped = self._match_stops(job.stop, text)
-        if stopped:
-            self._hand_over(job, TokenEvent(text, token, logprob))
-            self._finish(job, "stop")
-            return False
+            if stopped:
+                self._hand_over(job, TokenEvent(text, token, logprob))
+                self._finish(job, "stop")
+                return False
         if clock.completion_tokens >= job.max_tokens:
             self._hand_over(job, TokenEvent(self._release_held(job, text), token, logprob))
             self._finish(job, "length")
@@ -951,10 +987,20 @@ class Scheduler:
         job.last_token = token
         return True
 
+    def _first_token(self, job: Job) -> None:
+        """The request's prompt is read: it generates from now on."""
+        job.clock.first_token = time.perf_counter()
+        self._meter.record_first_token(job.clock.first_token - job.clock.submitted)
+        self._prefilling.remove(job)
+        bisect.insort(self._decoding, job, key=_seq_id)
+
     # the per-token parts of _emit, each its own phase when the engine profiles its steps
 
     def _detokenize(self, job: Job, token: int) -> str:
-        return job.utf8.feed(self.piece(token), self._whole_texts.get(token))
+        data = self._pieces.get(token)
+        if data is None:
+            data = self.piece(token)
+        return job.utf8.feed(data, self._whole_texts.get(token))
 
     @staticmethod
     def _match_stops(stop: StopMatcher, text: str) -> tuple[str, bool]:
@@ -1015,7 +1061,7 @@ class Scheduler:
             self._prefilling.remove(job)
         self._meter.record_finish(reason)
         job.handle.finished = True
-        job.handle.push(FinishEvent(reason, clock.stats(), error))
+        job.handle.push_finish(FinishEvent(reason, clock.stats(), error))
 
 
 def _seq_id(job: Job) -> int:

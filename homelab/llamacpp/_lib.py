@@ -56,6 +56,12 @@ def lib() -> ModuleType:
     return llama_cpp
 
 
+def library_handle() -> ctypes.CDLL:
+    """libllama as llama-cpp-python opened it (to bind a function another way than it does)."""
+    handle: ctypes.CDLL = lib().llama_cpp._lib
+    return handle
+
+
 def ggml_library(name: str) -> ctypes.CDLL:
     """One of the ggml libraries shipped beside libllama (``ggml``, ``ggml-base``), opened once.
 

@@ -37,6 +37,22 @@ class Batch:
         """Append one token; returns its row."""
         return self.add_run((token,), position, seq_id, output_last=output)
 
+    def add_one(self, token: int, position: int, seq_id: int) -> int:
+        """Append one token whose logits are wanted (a generating sequence's, every step);
+        returns its row."""
+        row = self.n_tokens
+        if row >= self.capacity:
+            raise EngineError(
+                f"a batch of {self.capacity} tokens cannot take {row + 1}",
+                hint="Split the tokens over several decodes (a homelab bug if you see this).",
+            )
+        self._token[row] = token
+        self._pos[row] = position
+        self._seq_rows[row][0] = seq_id
+        self._output[row] = 1
+        self.n_tokens = self.c_batch.n_tokens = row + 1
+        return row
+
     def add_run(
         self,
         tokens: Sequence[int],

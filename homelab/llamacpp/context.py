@@ -92,6 +92,9 @@ class Context(Closing):
         self.n_vocab = model.vocab.n_tokens
         one_stream = params.kv_unified or params.n_seq_max == 1
         self.memory = SequenceMemory(self._lib.llama_get_memory(pointer), one_stream=one_stream)
+        from homelab.llamacpp.logits import OutputRows  # numpy: imported when a model loads
+
+        self._output_rows = OutputRows(pointer, self.n_vocab)
 
     @classmethod
     def create(cls, model: Model, params: ContextParams) -> Context:
@@ -144,9 +147,7 @@ class Context(Closing):
     def output_logits(self, n_rows: int) -> np.ndarray | None:
         """The logits of the last decode's ``n_rows`` outputs, in batch order, as a view
         ``(n_rows, n_vocab)`` valid until the next decode; None when it kept none."""
-        from homelab.llamacpp.logits import output_logits
-
-        return output_logits(self.pointer, n_rows, self.n_vocab)
+        return self._output_rows(n_rows)
 
     def all_logits(self, n_rows: int) -> np.ndarray:
         """The logits of the last decode's ``n_rows`` rows, when every token was an output."""

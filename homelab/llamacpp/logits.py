@@ -7,11 +7,12 @@ context. Copy (or reduce) them before that.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from homelab.llamacpp._lib import lib
+from homelab.llamacpp._lib import lib, library_handle
 
 
 def logits_row(context_pointer: Any, row: int, n_vocab: int) -> np.ndarray:
@@ -26,22 +27,38 @@ def all_logits(context_pointer: Any, n_rows: int, n_vocab: int) -> np.ndarray:
     return np.ctypeslib.as_array(lib().llama_get_logits(context_pointer), (n_rows, n_vocab))
 
 
-_OUTPUT_VIEWS: dict[tuple[int, int, int], np.ndarray] = {}  # (address, rows, n_vocab) -> view
+class OutputRows:
+    """The last decode's output rows of one context as a ``(n_rows, n_vocab)`` view, read
+    every step (the greedy argmax): ~1 µs. llama.h keeps the rows of the tokens marked as
+    outputs contiguous, in batch order. Views are cached by buffer address (llama.cpp moves
+    the buffer only when a decode needs more output rows than ever before): building one
+    costs ~10 µs, and so does the ctypes pointer ``llama_get_logits`` returns, so the
+    address is read through a binding of its own that returns a plain int."""
+
+    def __init__(self, context_pointer: Any, n_vocab: int) -> None:
+        self._pointer = context_pointer
+        self._n_vocab = n_vocab
+        self._address_of_logits = address_function("llama_get_logits")
+        self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, rows) -> view
+
+    def __call__(self, n_rows: int) -> np.ndarray | None:
+        """The view, or None when the last decode kept no logits."""
+        address = self._address_of_logits(self._pointer)
+        if not address:
+            return None
+        view = self._views.get((address, n_rows))
+        if view is None:
+            if len(self._views) >= 256:  # the buffer moved many times: start afresh
+                self._views.clear()
+            floats = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            view = np.ctypeslib.as_array(floats, (n_rows, self._n_vocab))
+            self._views[(address, n_rows)] = view
+        return view
 
 
-def output_logits(context_pointer: Any, n_rows: int, n_vocab: int) -> np.ndarray | None:
-    """The logits of the last decode's ``n_rows`` outputs as one ``(n_rows, n_vocab)`` view
-    (llama.h: the rows of the tokens marked as outputs are contiguous, in batch order), or
-    None when there are none. The views are cached by buffer address: building one costs
-    ~10 µs, more than the argmax a decode step makes over a small vocabulary."""
-    pointer = lib().llama_get_logits(context_pointer)
-    address = ctypes.cast(pointer, ctypes.c_void_p).value
-    if not address:
-        return None
-    key = (address, n_rows, n_vocab)
-    view = _OUTPUT_VIEWS.get(key)
-    if view is None:
-        if len(_OUTPUT_VIEWS) >= 256:  # buffers reallocated many times: start afresh
-            _OUTPUT_VIEWS.clear()
-        view = _OUTPUT_VIEWS[key] = np.ctypeslib.as_array(pointer, (n_rows, n_vocab))
-    return view
+def address_function(name: str) -> Callable[[Any], int | None]:
+    """llama.h's ``float * name(struct llama_context *)`` bound to return the address as an
+    int (llama-cpp-python's own binding builds a ctypes pointer object on every call)."""
+    prototype = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+    function: Callable[[Any], int | None] = prototype((name, library_handle()))
+    return function
