@@ -28,6 +28,7 @@ with the same tiny file. A harness, not a test: nothing asserts.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -59,6 +60,7 @@ BATCH_PROMPT_TOKENS = 32
 TTFT_PROMPTS = (2048, 8192, 32768)
 OURS, THEIRS = "homelab", "llama.cpp"
 PER_TOKEN = "homelab, reader woken per token"
+BETWEEN = ": µs between decodes"  # homelab's own time per step (see _between_decodes_us)
 
 
 @dataclass(frozen=True)
@@ -119,17 +121,48 @@ def serve_engine(model: str, slots: int, threads: int, ctx_per_slot: int) -> Non
         flash_attn=False,
     )
     engine = Engine.load(model, settings, record_calibration=False)
+    decodes = _time_decodes()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
         sampling = SamplingParams(temperature=0.0, max_tokens=command["tokens"], ignore_eos=True)
+        decodes.clear()
         if command["op"] == "stream":
             handle = engine.submit(GenerationRequest("bench", "hello world", sampling))
             value = _stream_tok_s(handle, per_token=command.get("per_token", False))
         else:
             value = _aggregate(engine, command["streams"], sampling, command["round"])
-        print(json.dumps({"value": value}), flush=True)
+        between_us = _between_decodes_us(decodes)
+        print(json.dumps({"value": value, "between_us": between_us}), flush=True)
     engine.close()
+
+
+def _time_decodes() -> list[tuple[float, float]]:
+    """Record (start, end) of every ``llama_decode`` of this process from now on (the engine
+    reads llama-cpp-python's module attribute at each call; the wrapper costs ~0.3 µs)."""
+    import llama_cpp
+
+    real = llama_cpp.llama_decode
+    decodes: list[tuple[float, float]] = []
+    clock = time.perf_counter
+
+    def timed(*args: Any) -> int:
+        started = clock()
+        status = int(real(*args))
+        decodes.append((started, clock()))
+        return status
+
+    llama_cpp.llama_decode = timed
+    return decodes
+
+
+def _between_decodes_us(decodes: list[tuple[float, float]]) -> float:
+    """homelab's own time per step: the median gap between one decode's return and the next
+    one's start (the prefill steps and the last one left out). It does not drift with the
+    decode's speed, so it shows a change of a few µs that tok/s ratios on this machine,
+    whose speed drifts by up to 2x, cannot."""
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(decodes[2:-1])]
+    return statistics.median(gaps) * 1e6 if gaps else math.nan
 
 
 def _stream_tok_s(handle: Any, *, per_token: bool) -> float:
@@ -173,12 +206,16 @@ class EngineProcess:
             text=True,
         )
         self._read()  # {"ready": true}
+        self.between_us: list[float] = []  # per command: homelab's own µs per step
 
     def ask(self, **command: Any) -> float:
+        """The command's tok/s; its median µs between decodes goes to ``between_us``."""
         assert self.process.stdin is not None
         self.process.stdin.write(json.dumps(command) + "\n")
         self.process.stdin.flush()
-        return float(self._read()["value"])
+        answer = self._read()
+        self.between_us.append(float(answer["between_us"]))
+        return float(answer["value"])
 
     def _read(self) -> dict[str, Any]:
         stdout: IO[str] | None = self.process.stdout
@@ -300,7 +337,9 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
         for round_index in range(config.rounds):
             flip = round_index % 2 == 1
             rows: list[tuple[str, dict[str, Callable[[], float]]]] = []
+            engines: dict[str, EngineProcess] = {}  # row -> the engine process measured
             if single is not None:
+                engines[f"single stream tg{config.tokens}"] = single
                 ask = single.ask
                 rows.append(
                     (
@@ -315,6 +354,7 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                     )
                 )
             for s in streams:
+                engines[f"{s} sequences S_TG"] = batched[s]
                 rows.append(
                     (
                         f"{s} sequences S_TG",
@@ -348,6 +388,9 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                         value = math.nan
                     results.setdefault((row, name), Series()).values.append(value)
                     log(f"round {round_index + 1} {row:<40} {name:<10} {value:10.3f}")
+                    if name in (OURS, PER_TOKEN) and row in engines:
+                        between = engines[row].between_us[-1]
+                        results.setdefault((row, name + BETWEEN), Series()).values.append(between)
     return results
 
 
@@ -379,6 +422,31 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
                 f"{theirs.worst(lower_better):.3f} [{theirs.values[0]:.3f}] | "
                 f"{ratio:.2f}x · {worst:.2f}x | {paired:.2f}x |"
             )
+    return "\n".join(lines)
+
+
+def between_decodes_table(results: Results) -> str:
+    """homelab's own time per step (median of each round's median gap between decodes) and
+    its share of the step, per row."""
+    lines = [
+        "homelab's own time per step: the gap between one llama_decode's return and the next "
+        "one's start, median of the later rounds (worst round)",
+        "",
+        "| | µs between decodes | share of the step |",
+        "|---|---:|---:|",
+    ]
+    for row, name in sorted(
+        (key for key in results if key[1].endswith(BETWEEN)), key=lambda k: _row_order(k[0])
+    ):
+        between = results[(row, name)]
+        speed = results[(row, name.removesuffix(BETWEEN))]
+        sequences = 1 if row.startswith("single") else int(row.split()[0])
+        step_us = 1e6 * sequences / speed.median
+        label = f"{row}, reader woken per token" if name.startswith(PER_TOKEN) else row
+        lines.append(
+            f"| {label} | {between.median:.1f} ({between.worst(lower_better=True):.1f}) | "
+            f"{between.median / step_us:.1%} |"
+        )
     return "\n".join(lines)
 
 
@@ -447,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         min_idle=args.min_idle,
     )
     results = measure(config, lambda line: print(line, file=sys.stderr, flush=True))
-    table = markdown(config, results)
+    table = markdown(config, results) + "\n\n" + between_decodes_table(results)
     print(table)
     print(f"saved {save(config, results, table)}", file=sys.stderr)
     return 0

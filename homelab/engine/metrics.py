@@ -168,7 +168,7 @@ class EngineMeter:
         # read at snapshot time (not written per step): (busy slots, KV cells used), the queue
         self.live_occupancy: Callable[[], tuple[int, int]] | None = None
         self.live_queue_depth: Callable[[], int] | None = None
-        self._earliest_due = math.inf  # the next subscriber's due time (read without the lock)
+        self.earliest_due = math.inf  # the next subscriber's due time (read without the lock)
         self.step_profile: StepProfile | None = None  # set when the engine profiles its steps
 
     # --- written by the scheduler, on the lane -----------------------------------------------
@@ -298,16 +298,16 @@ class EngineMeter:
 
     def _note_earliest_due(self) -> None:  # under the lock
         dues = [sub.next_due for sub in self._subscribers.values()]
-        self._earliest_due = min(dues) if dues else math.inf
+        self.earliest_due = min(dues) if dues else math.inf
 
     def seconds_until_due(self, now: float) -> float | None:
-        earliest = self._earliest_due
+        earliest = self.earliest_due
         return None if earliest == math.inf else max(0.0, earliest - now)
 
     def publish_due(self, now: float) -> None:
         """Called by the engine thread: give each due subscriber the current snapshot (a
         float comparison when none is due: this runs every step)."""
-        if now < self._earliest_due:
+        if now < self.earliest_due:
             return
         with self._lock:
             due = [sub for sub in self._subscribers.values() if sub.next_due <= now]

@@ -15,7 +15,7 @@ a request asks for them.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -41,6 +41,9 @@ class SamplerChain:
         # scheduler may then pick it for a whole batch with one argmax
         self.plain_greedy = _plain_greedy(params)
         self._chain = sampler.SamplerChain()
+        # the token chosen from batch row ``row`` of the last decode on ``context``
+        # (``sample(context, row)``): the C chain's own method, no wrapper per token
+        self.sample: Callable[[Context, int], int] = self._chain.sample
         try:
             self._build(params, vocab, n_vocab, eog_tokens)
         except BaseException:
@@ -80,9 +83,6 @@ class SamplerChain:
         last_n = self.params.penalty_last_n
         if last_n > 0:
             self._chain.remember(tokens[-last_n:])
-
-    def sample(self, context: Context, batch_index: int) -> int:
-        return self._chain.sample(context, batch_index)
 
     @property
     def picks_at_random(self) -> bool:

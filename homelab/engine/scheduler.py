@@ -307,12 +307,16 @@ class Job:
     max_tokens: int = field(init=False)
     ignore_eos: bool = field(init=False)
     wants_logprobs: bool = field(init=False)
+    # end-of-generation is banned while fewer tokens came (a grammar that has finished
+    # allows nothing else, so never under a grammar)
+    min_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         sampling = self.request.sampling
         self.max_tokens = sampling.max_tokens
         self.ignore_eos = sampling.ignore_eos
         self.wants_logprobs = sampling.logprobs is not None
+        self.min_tokens = 0 if sampling.grammar else sampling.min_tokens
 
 
 @dataclass
@@ -381,6 +385,7 @@ class Scheduler:
         self._whole_texts: dict[int, str] = {}  # see piece()
         self._batch = Batch(config.n_batch)
         self._stopped = threading.Event()  # set on the lane once the scheduler has shut down
+        self._shut_down = False  # the same, read by every step (a plain attribute is cheaper)
         self._images = images  # the vision projector's side, when the model has one
         self._image_steps: list[tuple[Job, ImageSpan, int]] = []  # planned for this step
         if profile is not None:  # the per-token parts of emitting, timed (StepProfile)
@@ -488,8 +493,9 @@ class Scheduler:
 
     def run_once(self) -> float | None:
         """One step if there is work (0.0: call again); else the seconds until the metrics
-        are due; None once shut down or failed (the lane forgets this scheduler)."""
-        if self.failure is not None or self._stopped.is_set():
+        are due; None once shut down or failed (the lane forgets this scheduler). Runs every
+        step: the checks are inline."""
+        if self.failure is not None or self._shut_down:
             return None  # failed: fail() ended every request; llama.cpp is never touched again
         if self._incoming or self._closing:  # read unlocked: the writers wake the lane after
             with self._lock:
@@ -499,31 +505,30 @@ class Scheduler:
             if closing:
                 self._stop()
                 return None
+        meter = self._meter
         if self._waiting or self._prefilling or self._decoding or self._calls:
             self.wakes.gathering_thread = threading.get_ident()
             try:
-                self._step_safely()
+                self._step()
+            except Exception as exc:  # a bug must cost the requests in flight, not the engine
+                log.exception("engine step failed")
+                for job in [*self._decoding, *self._prefilling]:
+                    self._fail(job, f"internal engine error: {exc}")
             finally:
                 self.wakes.flush()
-            if self.failure is None:
-                self._meter.publish_due(time.perf_counter())
+            now = time.perf_counter()
+            if self.failure is None and now >= meter.earliest_due:
+                meter.publish_due(now)
             return 0.0
         now = time.perf_counter()
-        self._meter.publish_due(now)
-        due_s = self._meter.seconds_until_due(now)
+        meter.publish_due(now)
+        due_s = meter.seconds_until_due(now)
         return math.inf if due_s is None else due_s
 
-    def _step_safely(self) -> None:
-        try:
-            self._step()
-        except Exception as exc:  # a bug must cost the requests in flight, not the engine
-            log.exception("engine step failed")
-            for job in [*self._decoding, *self._prefilling]:
-                self._fail(job, f"internal engine error: {exc}")
-
     def _stop(self) -> None:
-        if not self._stopped.is_set():
+        if not self._shut_down:
             self._shutdown()
+            self._shut_down = True
             self._stopped.set()
 
     def _shutdown(self) -> None:
@@ -705,8 +710,7 @@ class Scheduler:
             job.slot.tokens.append(job.last_token)  # type: ignore[union-attr]
             job.n_past += 1
         if not self._sample_greedy_batch(jobs):
-            for job in jobs:
-                self._sample_safely(job)
+            self._sample_each(jobs)
         self._meter.record_generating_step(len(jobs))
 
     @staticmethod
@@ -763,14 +767,13 @@ class Scheduler:
         if any(part.draft for part in sampling) or not self._sample_greedy_batch(
             [part.job for part in sampling]
         ):
+            self._sample_each([part.job for part in sampling if not part.draft])
             for part in sampling:
                 if part.draft:
                     emitted, kept = self._verify_safely(part)
                     decode_tokens += emitted
                     drafted += len(part.draft)
                     accepted += kept
-                else:
-                    self._sample_safely(part.job)
         n_sequences = len(parts) - prefilling
         self._meter.record_step(
             time.perf_counter(), prefill_tokens, decode_tokens, n_sequences, drafted, accepted
@@ -847,9 +850,11 @@ class Scheduler:
         instead of a sampler call per sequence, each copying the whole vocabulary (~2 µs
         against ~5 µs for one sequence over 1,024 tokens, ~30 against ~80 over 32,000).
         False: sample them one by one."""
-        if not jobs or not all(job.chain.plain_greedy for job in jobs):
-            return False
-        logits = self._context.output_logits(len(jobs))  # each job's last token, in order
+        for job in jobs:  # a loop, not all(): no generator to run every step
+            if not job.chain.plain_greedy:
+                return False
+        # each job's last token, in order
+        logits = self._context.output_logits(len(jobs)) if jobs else None
         if logits is None:
             return False
         started = time.perf_counter() if self._profile is not None else 0.0
@@ -877,30 +882,29 @@ class Scheduler:
     def _eog_banned(self, job: Job) -> bool:
         return job.ignore_eos or self._before_min_tokens(job)
 
-    def _sample_safely(self, job: Job) -> None:
-        try:
-            self._sample(job)
-        except Exception as exc:
-            log.exception("sampling failed for request %s", job.handle.request_id)
-            self._fail(job, f"sampling failed: {exc}")
-
-    def _sample(self, job: Job) -> None:
-        if self._before_min_tokens(job):
-            self._ban_eog(job.batch_index)
-        if self._profile is None:
-            token = job.chain.sample(self._context, job.batch_index)
-        else:
-            started = time.perf_counter()
-            token = job.chain.sample(self._context, job.batch_index)
-            self._profile.add("sample", time.perf_counter() - started)
-        self._emit(job, token, job.batch_index)
+    def _sample_each(self, jobs: Sequence[Job]) -> None:
+        """Sample each job from its own logits row with its own sampler chain, and emit."""
+        context, profile = self._context, self._profile
+        for job in jobs:
+            row = job.batch_index
+            try:
+                if job.clock.completion_tokens < job.min_tokens:
+                    self._ban_eog(row)
+                if profile is None:
+                    token = job.chain.sample(context, row)
+                else:
+                    started = time.perf_counter()
+                    token = job.chain.sample(context, row)
+                    profile.add("sample", time.perf_counter() - started)
+                self._emit(job, token, row)
+            except Exception as exc:
+                log.exception("sampling failed for request %s", job.handle.request_id)
+                self._fail(job, f"sampling failed: {exc}")
 
     @staticmethod
     def _before_min_tokens(job: Job) -> bool:
-        """Whether end-of-generation is still banned (``min_tokens`` not reached; a grammar
-        that has finished allows nothing else, so it is never banned under a grammar)."""
-        sampling = job.request.sampling
-        return job.clock.completion_tokens < sampling.min_tokens and not sampling.grammar
+        """Whether end-of-generation is still banned (``min_tokens`` not reached)."""
+        return job.clock.completion_tokens < job.min_tokens
 
     def _ban_eog(self, row: int) -> None:
         """End-of-generation tokens cannot be sampled from ``row`` of the last decode."""

@@ -72,6 +72,7 @@ class ComputeLane:
         self._stepping: tuple[Resident, ...] = ()  # _residents as the lane last took them
         self._woken = False  # a wake() since the lane last looked for work
         self._thread: threading.Thread | None = None
+        self._ident = 0  # the lane thread's ident once it runs (0: none yet, never a thread's)
 
     def run(self, function: Callable[[], Any]) -> Any:
         """``function()`` on the lane thread; its result, or its exception raised here."""
@@ -114,8 +115,7 @@ class ComputeLane:
 
     def is_current(self) -> bool:
         """Whether the calling thread is the lane (a C call and a compare: every step asks)."""
-        thread = self._thread
-        return thread is not None and thread.ident == threading.get_ident()
+        return self._ident == threading.get_ident()
 
     def _ensure_started(self) -> None:
         if self._thread is None:
@@ -128,6 +128,7 @@ class ComputeLane:
 
     def _serve(self) -> None:
         me = threading.current_thread()
+        self._ident = threading.get_ident()
         while self._thread is me:
             calls, residents = self._take_work()
             wait_s = math.inf
@@ -139,7 +140,15 @@ class ComputeLane:
             for resident in residents:
                 if self._thread is not me:
                     return
-                wait_s = min(wait_s, self._step(resident))
+                try:
+                    resident_wait_s = resident.run_once()
+                except Exception:  # a resident's bug must not stop the others
+                    log.exception("a compute-lane resident failed; it is dropped")
+                    resident_wait_s = None
+                if resident_wait_s is None:
+                    wait_s = self._drop(resident)
+                elif resident_wait_s < wait_s:
+                    wait_s = resident_wait_s
             if not calls and wait_s > 0:
                 self._sleep(wait_s)
 
@@ -158,14 +167,8 @@ class ComputeLane:
             self._stepping = tuple(self._residents)
             return calls, self._stepping
 
-    def _step(self, resident: Resident) -> float:
-        try:
-            wait_s = resident.run_once()
-        except Exception:  # a resident's bug must not stop the others
-            log.exception("a compute-lane resident failed; it is dropped")
-            wait_s = None
-        if wait_s is not None:
-            return wait_s
+    def _drop(self, resident: Resident) -> float:
+        """Forget a resident that has finished (or failed); 0.0: look for work again."""
         with self._cv:
             if resident in self._residents:
                 self._residents.remove(resident)
@@ -186,7 +189,7 @@ def decode_on_lane(decode: Callable[..., Any], *args: Any) -> int:
     """``decode(*args)``, one llama.cpp decode (or encode), on the process's compute lane:
     a direct call when the lane itself asks (an engine's step, every token), else handed to
     it."""
-    if _LANE.is_current():
+    if _LANE._ident == threading.get_ident():  # is_current(), inline: every token asks
         return int(decode(*args))
     return int(_LANE.run(lambda: decode(*args)))
 

@@ -17,10 +17,10 @@ from engine_helpers import EngineFactory
 
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.engine.sampling import SamplerChain
 from homelab.engine.scheduler import Completion
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
+from homelab.llamacpp.sampler import SamplerChain as CChain
 
 PROMPTS = ("The sea is", "Once upon a time", "def main():", "1, 2, 3,", "Hello", "A B C")
 
@@ -29,13 +29,13 @@ PROMPTS = ("The sea is", "Once upon a time", "def main():", "1, 2, 3,", "Hello",
 def sampler_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """How many times a sampler chain sampled (the per-sequence path)."""
     calls: list[int] = []
-    real_sample = SamplerChain.sample
+    real_sample = CChain.sample
 
-    def counting(self: SamplerChain, context: object, batch_index: int) -> int:
+    def counting(self: CChain, context: Context, batch_index: int) -> int:
         calls.append(batch_index)
-        return real_sample(self, context, batch_index)  # type: ignore[arg-type]
+        return real_sample(self, context, batch_index)
 
-    monkeypatch.setattr(SamplerChain, "sample", counting)
+    monkeypatch.setattr(CChain, "sample", counting)  # before the engine makes any chain
     yield calls
 
 
