@@ -90,8 +90,9 @@ class SlotStates:
         tenant = slot.tenant
         if tenant is None or len(prompt) - 1 - n_cached < self.cache.config.min_tokens:
             return n_cached
-        candidate = self.cache.lookup(self.model, tenant, prompt)
-        if candidate is None or candidate.n_usable - n_cached < self.cache.config.min_tokens:
+        at_least = n_cached + self.cache.config.min_tokens
+        candidate = self.cache.lookup(self.model, tenant, prompt, at_least)
+        if candidate is None or candidate.n_usable < at_least:
             self.cache.record_miss()  # nothing saved, or too little more than the slot holds
             return n_cached
         if self._window_lost(candidate):

@@ -26,14 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from homelab.engine.state_cache import disk
-from homelab.engine.state_cache.entry import (
-    Candidate,
-    StateEntry,
-    as_tokens,
-    best_candidate,
-    starts_with,
-)
+from homelab.engine.state_cache.entry import Candidate, StateEntry, as_tokens
 from homelab.engine.state_cache.key import ModelKey
+from homelab.engine.state_cache.prefix_index import PrefixIndex
 from homelab.llamacpp.state import StateBytes
 
 log = logging.getLogger("homelab.engine.state_cache")
@@ -86,7 +81,7 @@ class PromptCache:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._index: dict[tuple[ModelKey, str], list[StateEntry]] = {}
+        self._index: dict[tuple[ModelKey, str], PrefixIndex] = {}
         self._counts = dict.fromkeys(
             ("hits_ram", "hits_disk", "misses", "saves", "spilled", "evicted", "dropped"), 0
         )
@@ -99,11 +94,15 @@ class PromptCache:
 
     # --- lookups (on an engine's lane) -------------------------------------------------------
 
-    def lookup(self, model: ModelKey, tenant: str, prompt: Sequence[int]) -> Candidate | None:
-        """The state of ``tenant`` on ``model`` serving the most of ``prompt``, or None."""
+    def lookup(
+        self, model: ModelKey, tenant: str, prompt: Sequence[int], at_least: int = 1
+    ) -> Candidate | None:
+        """The state of ``tenant`` on ``model`` serving the most of ``prompt``, if it serves
+        ``at_least`` of its tokens; else None."""
         ids = as_tokens(prompt)
         with self._lock:
-            return best_candidate(self._index.get((model, tenant), ()), ids)
+            states = self._index.get((model, tenant))
+            return states.best(ids, at_least) if states is not None else None
 
     def load(self, candidate: Candidate) -> StateBytes | None:
         """The candidate's state bytes (None: gone, or its file failed a check and is gone)."""
@@ -127,7 +126,7 @@ class PromptCache:
     def latest(self, model: ModelKey, tenant: str) -> Candidate | None:
         """The most recently used state of ``tenant`` on ``model`` (whole), or None."""
         with self._lock:
-            entries = self._index.get((model, tenant), [])
+            entries = list(self._index.get((model, tenant), ()))
             if not entries:
                 return None
             entry = max(entries, key=lambda e: e.last_used_s)
@@ -150,8 +149,9 @@ class PromptCache:
         ids = as_tokens(tokens)
         longest = len(ids) + (1 << 30 if cuttable else 1)
         with self._lock:
-            for entry in self._index.get((model, tenant), ()):
-                if len(entry.tokens) <= longest and starts_with(entry.tokens, ids):
+            states = self._index.get((model, tenant))
+            for entry in states.starting_with(ids) if states is not None else ():
+                if len(entry.tokens) <= longest:
                     entry.last_used_s = time.time()
                     return True
         return False
@@ -178,7 +178,7 @@ class PromptCache:
         if direct:
             entry.data = None
         with self._lock:
-            self._index.setdefault((model, tenant), []).append(entry)
+            self._index.setdefault((model, tenant), PrefixIndex()).add(entry)
         if direct:
             self._write(entry, data)
             self._forget_if_nowhere(entry)
@@ -205,9 +205,11 @@ class PromptCache:
 
     def _supersede(self, new: StateEntry) -> None:
         """Drop older states the new one extends (under the lock)."""
-        entries = self._index.get((new.model, new.tenant), [])
-        for old in [e for e in entries if starts_with(new.tokens, e.tokens)]:
-            entries.remove(old)
+        states = self._index.get((new.model, new.tenant))
+        if states is None:
+            return
+        for old in states.extended_by(new.tokens):
+            states.remove(old)
             self._unlink(old)
 
     def _make_room(self, n_bytes: int) -> None:
@@ -341,7 +343,7 @@ class PromptCache:
                 header.model, header.tenant, tokens, header.n_state_bytes, None, path,
                 path.stat().st_mtime, path.stat().st_size,
             )  # fmt: skip
-            self._index.setdefault((header.model, header.tenant), []).append(entry)
+            self._index.setdefault((header.model, header.tenant), PrefixIndex()).add(entry)
 
     def _drop_file(self, entry: StateEntry, reason: str) -> None:
         with self._lock:
@@ -370,12 +372,13 @@ class PromptCache:
         return on_disk + self._disk_writing_bytes
 
     def _is_indexed(self, entry: StateEntry) -> bool:
-        return any(e is entry for e in self._index.get((entry.model, entry.tenant), ()))
+        states = self._index.get((entry.model, entry.tenant))
+        return states is not None and entry in states
 
     def _forget(self, entry: StateEntry) -> None:
-        entries = self._index.get((entry.model, entry.tenant), [])
-        if any(e is entry for e in entries):
-            entries.remove(entry)
+        states = self._index.get((entry.model, entry.tenant))
+        if states is not None:
+            states.remove(entry)
         entry.data = None
 
     def _unlink(self, entry: StateEntry) -> None:
@@ -451,7 +454,8 @@ class PromptCache:
         or the disk tier is off."""
         ids = as_tokens(tokens)
         with self._lock:
-            found = [e for e in self._index.get((model, tenant), ()) if starts_with(e.tokens, ids)]
+            states = self._index.get((model, tenant))
+            found = states.starting_with(ids) if states is not None else []
         if not found:
             return False
         entry, data = found[0], found[0].data
