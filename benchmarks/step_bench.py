@@ -28,7 +28,6 @@ with the same tiny file. A harness, not a test: nothing asserts.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import random
@@ -44,6 +43,7 @@ from typing import IO, Any
 
 import httpx
 
+from benchmarks.decode_gaps import between_decodes_us, time_decodes
 from benchmarks.engine_bench import wait_for_quiet
 from benchmarks.llama_tools import HERE, build_tools, tool_path
 from benchmarks.server_bench import (
@@ -60,7 +60,7 @@ BATCH_PROMPT_TOKENS = 32
 TTFT_PROMPTS = (2048, 8192, 32768)
 OURS, THEIRS = "homelab", "llama.cpp"
 PER_TOKEN = "homelab, reader woken per token"
-BETWEEN = ": µs between decodes"  # homelab's own time per step (see _between_decodes_us)
+BETWEEN = ": µs between decodes"  # homelab's own time per step (benchmarks.decode_gaps)
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def serve_engine(model: str, slots: int, threads: int, ctx_per_slot: int) -> Non
         flash_attn=False,
     )
     engine = Engine.load(model, settings, record_calibration=False)
-    decodes = _time_decodes()
+    decodes = time_decodes()
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         command = json.loads(line)
@@ -132,37 +132,9 @@ def serve_engine(model: str, slots: int, threads: int, ctx_per_slot: int) -> Non
             value = _stream_tok_s(handle, per_token=command.get("per_token", False))
         else:
             value = _aggregate(engine, command["streams"], sampling, command["round"])
-        between_us = _between_decodes_us(decodes)
+        between_us = between_decodes_us(decodes)
         print(json.dumps({"value": value, "between_us": between_us}), flush=True)
     engine.close()
-
-
-def _time_decodes() -> list[tuple[float, float]]:
-    """Record (start, end) of every ``llama_decode`` of this process from now on (the engine
-    reads llama-cpp-python's module attribute at each call; the wrapper costs ~0.3 µs)."""
-    import llama_cpp
-
-    real = llama_cpp.llama_decode
-    decodes: list[tuple[float, float]] = []
-    clock = time.perf_counter
-
-    def timed(*args: Any) -> int:
-        started = clock()
-        status = int(real(*args))
-        decodes.append((started, clock()))
-        return status
-
-    llama_cpp.llama_decode = timed
-    return decodes
-
-
-def _between_decodes_us(decodes: list[tuple[float, float]]) -> float:
-    """homelab's own time per step: the median gap between one decode's return and the next
-    one's start (the prefill steps and the last one left out). It does not drift with the
-    decode's speed, so it shows a change of a few µs that tok/s ratios on this machine,
-    whose speed drifts by up to 2x, cannot."""
-    gaps = [b[0] - a[1] for a, b in itertools.pairwise(decodes[2:-1])]
-    return statistics.median(gaps) * 1e6 if gaps else math.nan
 
 
 def _stream_tok_s(handle: Any, *, per_token: bool) -> float:

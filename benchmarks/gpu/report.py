@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections.abc import Iterable
@@ -155,28 +156,40 @@ def speed(data: dict[str, Any]) -> list[str]:
     engine_pp = (single.get("prefill_tok_s") or {}).get("median")
     engine_tg = (single.get("decode_tok_s") or {}).get("median")
     tool_pp, tool_tg = _bench_ts(tool, pp, 0), _bench_ts(tool, 0, tg)
+    between = engine.get("between_us") or {}
     rows = [
-        [f"pp{pp}, one stream", rate(tool_pp), rate(engine_pp), ratio(engine_pp, tool_pp)],
-        [f"tg{tg}, one stream", rate(tool_tg), rate(engine_tg), ratio(engine_tg, tool_tg)],
-    ]
+        [f"pp{pp}, one stream", rate(tool_pp), rate(engine_pp), ratio(engine_pp, tool_pp), ""],
+        [f"tg{tg}, one stream", rate(tool_tg), rate(engine_tg), ratio(engine_tg, tool_tg),
+         _own_share(between.get("1"), engine_tg, 1)],
+    ]  # fmt: skip
     aggregate = engine.get("aggregate_tok_s") or {}
     for streams in config.get("speed_streams", []):
         tool_rate = next((r["speed_tg"] for r in batched if r.get("pl") == streams), None)
-        ours = max(aggregate.get(str(streams)) or [0.0]) or None
+        ours = _median(aggregate.get(str(streams)))
         rows.append(
             [f"{streams} streams, aggregate decode", rate(tool_rate), rate(ours),
-             ratio(ours, tool_rate)]
+             ratio(ours, tool_rate), _own_share(between.get(str(streams)), ours, streams)]
         )  # fmt: skip
     commands = [c["command"] for c in (found.get("llama_bench"), found.get("batched_bench")) if c]
+    header = ["measurement", "llama.cpp tool", "homelab engine", "engine / tool"]
     return [
         "### Engine vs llama.cpp's tools (bench model Q8_0, f16 K/V, flash attention, tok/s)",
         "",
-        *table(["measurement", "llama.cpp tool", "homelab engine", "engine / tool"], rows),
+        *table([*header, "homelab's own µs per step (share)"], rows),
         "",
-        "Engine figures: medians of its per-request clocks (pp/tg), best of the repetitions "
-        "(aggregate). Tools: " + "; ".join(f"`{c}`" for c in commands),
+        "Engine figures: medians of its per-request clocks (pp/tg) and of the repetitions "
+        "(aggregate); its own time per step is the median gap between two `llama_decode` "
+        "calls (benchmarks/decode_gaps.py). Tools: " + "; ".join(f"`{c}`" for c in commands),
         "",
     ]
+
+
+def _own_share(between_us: float | None, tok_s: float | None, streams: int) -> str:
+    """homelab's µs between decodes, and its share of a step at ``tok_s`` over ``streams``."""
+    if between_us is None or math.isnan(between_us) or not tok_s:
+        return "—"
+    step_us = 1e6 * streams / tok_s
+    return f"{between_us:.0f} ({between_us / step_us:.1%})"
 
 
 def kv_speed(data: dict[str, Any]) -> list[str]:

@@ -137,7 +137,10 @@ def memory_job(job: Job) -> dict[str, Any]:
 
 
 def engine_speed_job(job: Job) -> dict[str, Any]:
-    """pp512/tg128 with one slot, then aggregate decode with N slots and N streams."""
+    """pp512/tg128 with one slot, then aggregate decode with N slots and N streams; and for
+    each, homelab's own µs per step between two decodes (benchmarks.decode_gaps): at GPU step
+    times it is what separates the engine from llama.cpp's C++ loop."""
+    from benchmarks.decode_gaps import between_decodes_us, time_decodes
     from homelab.bench.concurrency import aggregate_decode_tok_s, run_concurrent
     from homelab.bench.profile import measure_speed
     from homelab.gguf.reader import read_model
@@ -145,7 +148,10 @@ def engine_speed_job(job: Job) -> dict[str, Any]:
     info = read_model(job["path"])
     gpu, pair = job["gpu"], ("f16", "f16")
     room = pad256(max(job["pp_tokens"] + 1, 16 + job["tg_tokens"]) + 32)
+    decodes = time_decodes()
+    between: dict[str, float] = {}
     with load_engine(job["path"], engine_settings(info, 1, room, pair, gpu)) as engine:
+        decodes.clear()
         single = measure_speed(
             engine,
             prompt_source(engine),
@@ -153,12 +159,14 @@ def engine_speed_job(job: Job) -> dict[str, Any]:
             generated_tokens=job["tg_tokens"],
             repetitions=job["repetitions"],
         )
+        between["1"] = between_decodes_us(decodes)  # prefill decodes are longer, not gaps
     aggregate: dict[str, list[float]] = {}
     for streams in job["streams"]:
         settings = engine_settings(info, streams, job["ctx_per_slot"], pair, gpu)
         with load_engine(job["path"], settings, queue_limit=max(64, streams)) as engine:
             prompts = prompt_source(engine)
             run_concurrent(engine, prompts, streams, job["prompt_tokens"], 8)  # warm-up
+            decodes.clear()
             aggregate[str(streams)] = [
                 aggregate_decode_tok_s(
                     run_concurrent(
@@ -167,7 +175,8 @@ def engine_speed_job(job: Job) -> dict[str, Any]:
                 )
                 for _ in range(job["repetitions"])
             ]
-    return {"single": single.to_dict(), "aggregate_tok_s": aggregate}
+            between[str(streams)] = between_decodes_us(decodes)
+    return {"single": single.to_dict(), "aggregate_tok_s": aggregate, "between_us": between}
 
 
 def engine_kv_job(job: Job) -> dict[str, Any]:
