@@ -60,6 +60,7 @@ BATCH_PROMPT_TOKENS = 32
 TTFT_PROMPTS = (2048, 8192, 32768)
 OURS, THEIRS = "homelab", "llama.cpp"
 PER_TOKEN = "homelab, reader woken per token"
+BARE = "bare llama-cpp-python loop"  # no homelab: the floor of a Python engine (bare_loop)
 BETWEEN = ": µs between decodes"  # homelab's own time per step (benchmarks.decode_gaps)
 
 
@@ -169,10 +170,20 @@ def _aggregate(engine: Any, streams: int, sampling: Any, round_index: int) -> fl
 
 
 class EngineProcess:
-    def __init__(self, config: StepBenchConfig, slots: int, ctx_per_slot: int) -> None:
-        arguments = [str(config.model), str(slots), str(config.threads), str(ctx_per_slot)]
+    """A contender kept running in its own process: the engine (``serve_engine``), or with
+    ``bare`` a bare llama-cpp-python loop (``benchmarks.bare_loop``, one slot)."""
+
+    def __init__(
+        self, config: StepBenchConfig, slots: int, ctx_per_slot: int, *, bare: bool = False
+    ) -> None:
+        if bare:
+            module = ["benchmarks.bare_loop", str(config.model), str(config.threads)]
+            command = [*module, str(ctx_per_slot)]
+        else:
+            arguments = [str(config.model), str(slots), str(config.threads), str(ctx_per_slot)]
+            command = ["benchmarks.step_bench", "--serve-engine", *arguments]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.step_bench", "--serve-engine", *arguments],
+            [sys.executable, "-m", *command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -298,8 +309,10 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
     ctx_single = config.tokens + 64
     with ExitStack() as stack:
         single = None if config.ttft_only else EngineProcess(config, 1, ctx_single)
-        if single is not None:
-            stack.callback(single.close)
+        bare = None if config.ttft_only else EngineProcess(config, 1, ctx_single, bare=True)
+        for process in (single, bare):
+            if process is not None:
+                stack.callback(process.close)
         streams = () if config.ttft_only else config.streams
         batched = {s: EngineProcess(config, s, 256) for s in streams}
         for process in batched.values():
@@ -310,9 +323,9 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
             flip = round_index % 2 == 1
             rows: list[tuple[str, dict[str, Callable[[], float]]]] = []
             engines: dict[str, EngineProcess] = {}  # row -> the engine process measured
-            if single is not None:
+            if single is not None and bare is not None:
                 engines[f"single stream tg{config.tokens}"] = single
-                ask = single.ask
+                ask, ask_bare = single.ask, bare.ask
                 rows.append(
                     (
                         f"single stream tg{config.tokens}",
@@ -321,6 +334,7 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                             PER_TOKEN: lambda ask=ask: ask(
                                 op="stream", tokens=config.tokens, per_token=True
                             ),
+                            BARE: lambda ask=ask_bare: ask(op="stream", tokens=config.tokens),
                             THEIRS: lambda: llama_bench_tg(config),
                         },
                     )
@@ -360,8 +374,9 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                         value = math.nan
                     results.setdefault((row, name), Series()).values.append(value)
                     log(f"round {round_index + 1} {row:<40} {name:<10} {value:10.3f}")
-                    if name in (OURS, PER_TOKEN) and row in engines:
-                        between = engines[row].between_us[-1]
+                    process = bare if name == BARE else engines.get(row)
+                    if name in (OURS, PER_TOKEN, BARE) and process is not None:
+                        between = process.between_us[-1]
                         results.setdefault((row, name + BETWEEN), Series()).values.append(between)
     return results
 
@@ -380,7 +395,12 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
     for row in rows:
         theirs = results[(row, THEIRS)]
         lower_better = "lower is better" in row
-        for name, label in ((OURS, row), (PER_TOKEN, f"{row}, reader woken per token")):
+        labels = (
+            (OURS, row),
+            (PER_TOKEN, f"{row}, reader woken per token"),
+            (BARE, f"{row}, {BARE} (no homelab)"),
+        )
+        for name, label in labels:
             ours = results.get((row, name))
             if ours is None:
                 continue
@@ -394,6 +414,15 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
                 f"{theirs.worst(lower_better):.3f} [{theirs.values[0]:.3f}] | "
                 f"{ratio:.2f}x · {worst:.2f}x | {paired:.2f}x |"
             )
+    single = next((row for row in rows if (row, BARE) in results), None)
+    if single is not None:
+        per_round = _round_ratios(results[(single, OURS)], results[(single, BARE)], False)
+        lines += [
+            "",
+            f"{single}: homelab / {BARE} per round, median "
+            f"{statistics.median(per_round):.2f}x (worst {min(per_round):.2f}x): what homelab "
+            "adds to calling llama.cpp from Python",
+        ]
     return "\n".join(lines)
 
 
@@ -414,7 +443,10 @@ def between_decodes_table(results: Results) -> str:
         speed = results[(row, name.removesuffix(BETWEEN))]
         sequences = 1 if row.startswith("single") else int(row.split()[0])
         step_us = 1e6 * sequences / speed.median
-        label = f"{row}, reader woken per token" if name.startswith(PER_TOKEN) else row
+        contender = name.removesuffix(BETWEEN)
+        label = {PER_TOKEN: f"{row}, reader woken per token", BARE: f"{row}, {BARE}"}.get(
+            contender, row
+        )
         lines.append(
             f"| {label} | {between.median:.1f} ({between.worst(lower_better=True):.1f}) | "
             f"{between.median / step_us:.1%} |"
