@@ -198,16 +198,6 @@ class EngineMeter:
         bucket.drafted += drafted
         bucket.accepted += accepted
 
-    def record_generating_step(self, sequences: int) -> None:
-        """A step in which each of ``sequences`` emitted one token (``record_step`` for the
-        step nearly every token takes, with less to do)."""
-        self.steps_total += 1
-        self.decode_tokens_total += sequences
-        now = time.perf_counter()
-        bucket = self._open if now < self._bucket_ends else self._open_bucket(now)
-        bucket.decode += sequences
-        bucket.sequences += sequences
-
     def _open_bucket(self, now: float) -> _Bucket:
         bucket = _Bucket(now)
         with self._lock:

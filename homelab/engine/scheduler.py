@@ -711,7 +711,7 @@ class Scheduler:
             job.n_past += 1
         if not self._sample_greedy_batch(jobs):
             self._sample_each(jobs)
-        self._meter.record_generating_step(len(jobs))
+        self._meter.record_step(time.perf_counter(), 0, len(jobs), len(jobs))
 
     @staticmethod
     def _decode_part(job: Job) -> _Part:
@@ -888,7 +888,7 @@ class Scheduler:
         for job in jobs:
             row = job.batch_index
             try:
-                if job.clock.completion_tokens < job.min_tokens:
+                if self._before_min_tokens(job):
                     self._ban_eog(row)
                 if profile is None:
                     token = job.chain.sample(context, row)
