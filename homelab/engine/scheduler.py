@@ -223,20 +223,44 @@ class RequestHandle:
     def __aiter__(self) -> AsyncIterator[Event]:
         return self.events()
 
-    async def events(self, *, wake_at_finish: bool = False) -> AsyncIterator[Event]:
-        """The events in asyncio. ``wake_at_finish``: the consumer's loop is woken once, when
-        the request ends, and then reads every event at once — for callers that answer with
-        the whole response (a non-streaming request would otherwise wake it per token)."""
-        self._wake_at_finish = wake_at_finish
-        if self._async_wake is None:
-            self._async_wake = asyncio.Event()
-            self._loop = asyncio.get_running_loop()
+    async def events(self) -> AsyncIterator[Event]:
+        """The events in asyncio, each as it comes (the consumer's loop is woken for a token
+        only when it is parked waiting for one)."""
+        wake = self._async_wake_for(at_finish=False)
         try:
             while not self._consumed:
-                yield self._deliver(await self._next_async(self._async_wake))
+                yield self._deliver(await self._next_async(wake))
         finally:
             if not self._consumed:  # cancelled while waiting, closed, or abandoned
                 self.cancel()
+
+    async def all_events(self) -> list[Event]:
+        """Every event, once the request has ended, in one list ending with the FinishEvent:
+        the consumer's loop is woken once, at the end, for callers that answer with the
+        whole response (woken per token, a non-streamed request would cost the loop a turn
+        each; read one by one, a generator hop each)."""
+        wake = self._async_wake_for(at_finish=True)
+        events: list[Event] = []
+        try:
+            while not self._consumed:
+                events.append(await self._next_async(wake))
+                while not isinstance(events[-1], FinishEvent):
+                    try:
+                        events.append(self._events.get_nowait())
+                    except queue.Empty:
+                        break
+                self._consumed = isinstance(events[-1], FinishEvent)
+            return events
+        finally:
+            if not self._consumed:  # cancelled while waiting
+                self.cancel()
+
+    def _async_wake_for(self, *, at_finish: bool) -> asyncio.Event:
+        self._wake_at_finish = at_finish
+        if self._async_wake is None:
+            self._async_wake = asyncio.Event()
+            self._loop = asyncio.get_running_loop()
+        return self._async_wake
 
     async def _next_async(self, wake: asyncio.Event) -> Event:
         while True:
@@ -260,28 +284,22 @@ class RequestHandle:
         """Block until the request ends; return its text, tokens and finish event. The
         thread is woken once, at the end (not per token: see :meth:`chunks`)."""
         self._ended.wait()
-        texts: list[str] = []
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob | None] = []
-        for event in self:
-            if isinstance(event, FinishEvent):
-                return Completion("".join(texts), tuple(tokens), event, tuple(logprobs))
-            texts.append(event.text)
-            tokens.append(event.token_id)
-            logprobs.append(event.logprob)
-        raise AssertionError("a request stream always ends with a FinishEvent")
+        return _completion(list(self))
 
     async def collect_async(self) -> Completion:
-        texts: list[str] = []
-        tokens: list[int] = []
-        logprobs: list[TokenLogprob | None] = []
-        async for event in self.events(wake_at_finish=True):
-            if isinstance(event, FinishEvent):
-                return Completion("".join(texts), tuple(tokens), event, tuple(logprobs))
-            texts.append(event.text)
-            tokens.append(event.token_id)
-            logprobs.append(event.logprob)
-        raise AssertionError("a request stream always ends with a FinishEvent")
+        return _completion(await self.all_events())
+
+
+def _completion(events: Sequence[Event]) -> Completion:
+    *body, finish = events
+    assert isinstance(finish, FinishEvent), "a request stream always ends with a FinishEvent"
+    tokens = [event for event in body if isinstance(event, TokenEvent)]
+    return Completion(
+        "".join(event.text for event in tokens),
+        tuple(event.token_id for event in tokens),
+        finish,
+        tuple(event.logprob for event in tokens),
+    )
 
 
 # --- the scheduler's view of a request ---------------------------------------------------

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
 import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -42,7 +41,7 @@ from homelab.server.errors import (
 )
 from homelab.server.metrics import ServerMetrics
 from homelab.server.protocol import _SamplingRequest
-from homelab.server.streaming import wait_for_disconnect
+from homelab.server.streaming import run_while_connected
 
 log = logging.getLogger("homelab.server")
 
@@ -315,20 +314,17 @@ def cancel_all(handles: Sequence[HandleLike]) -> None:
         handle.cancel()
 
 
-async def merged_events(
-    handles: Sequence[HandleLike], *, wake_at_finish: bool = False
-) -> AsyncIterator[tuple[int, Event]]:
-    """Events of all handles as they come, tagged with the choice index; ``wake_at_finish``
-    (a whole response is read) wakes the loop once per handle instead of once per token."""
+async def merged_events(handles: Sequence[HandleLike]) -> AsyncIterator[tuple[int, Event]]:
+    """Events of all handles as they come, tagged with the choice index."""
     if len(handles) == 1:
-        async for event in handles[0].events(wake_at_finish=wake_at_finish):
+        async for event in handles[0].events():
             yield 0, event
         return
     queue: asyncio.Queue[tuple[int, Event | BaseException]] = asyncio.Queue()
 
     async def pump(index: int, handle: HandleLike) -> None:
         try:
-            async for event in handle.events(wake_at_finish=wake_at_finish):
+            async for event in handle.events():
                 queue.put_nowait((index, event))
         except Exception as exc:
             queue.put_nowait((index, exc))
@@ -351,22 +347,20 @@ async def collect(
     ctx: RequestContext, handles: Sequence[HandleLike], states: Sequence[ChoiceState]
 ) -> bool:
     """Read every choice to its end; False when the client went away first (all cancelled)."""
-    finished = False
+
+    async def read_all() -> None:
+        if len(handles) == 1:
+            every = [await handles[0].all_events()]
+        else:
+            every = await asyncio.gather(*(handle.all_events() for handle in handles))
+        for state, events in zip(states, every, strict=True):
+            for event in events:
+                state.add(event)
+
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(_cancel_when_client_leaves, ctx.http, group.cancel_scope)
-            async for index, event in merged_events(handles, wake_at_finish=True):
-                states[index].add(event)
-            finished = True
-            group.cancel_scope.cancel()
+        return await run_while_connected(ctx.http.receive, read_all())
     finally:
         cancel_all(handles)  # no-op for finished ones
-    return finished
-
-
-async def _cancel_when_client_leaves(http: Request, scope: anyio.CancelScope) -> None:
-    await wait_for_disconnect(http.receive)
-    scope.cancel()
 
 
 async def respond(

@@ -55,8 +55,11 @@ class FakeHandle:
             yield TokenEvent(f" {WORDS[index % len(WORDS)]}", FIRST_BYTE_ID + index % 200)
         yield FinishEvent("length", self._stats(count))
 
-    def events(self, *, wake_at_finish: bool = False) -> AsyncIterator[TokenEvent | FinishEvent]:
+    def events(self) -> AsyncIterator[TokenEvent | FinishEvent]:
         return self.__aiter__()
+
+    async def all_events(self) -> list[TokenEvent | FinishEvent]:
+        return [event async for event in self.__aiter__()]
 
     def cancel(self) -> None:
         self.cancelled = True
