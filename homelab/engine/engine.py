@@ -128,6 +128,7 @@ class Engine(Closing):
             loaded.context.memory,
             prefix_reuse=loaded.report.prefix_reuse,
             n_swa=0 if self.settings.swa_full else model_info.n_swa,
+            contiguous=not loaded.context.memory.one_stream,
         )
         n_batch = loaded.context.n_batch
         if self.n_slots > n_batch:

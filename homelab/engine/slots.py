@@ -16,6 +16,13 @@ off for them: every request clears its slot. Sliding-window models keep only the
 ``n_swa`` positions when ``swa_full`` is off; a prefix is reused only if the window it needs
 is still in the cache (the same test llama-server makes).
 
+A request that reuses nothing takes, with a cache stream per slot (``contiguous``), the free
+slot that keeps the busy ones in the fewest runs of consecutive ids: llama.cpp computes a
+step in one graph only over such a run and splits it at every gap (four generating
+sequences in slots 0, 5, 9, 14 took 1.7x the time of four in slots 0-3 here; on a GPU each
+extra graph reads the weights again). Among equals, an empty slot first, then the least
+recently used.
+
 With a prompt cache (``homelab.engine.state_cache``) the table has a :class:`StateKeeper`:
 a slot about to be cleared or cut short is saved first, and a placed request gets the
 tenant's longest saved prefix restored when that beats what the slot already holds.
@@ -79,12 +86,19 @@ class SlotTable:
     """Chooses, clears and releases slots; owns the prefix-cache policy."""
 
     def __init__(
-        self, n_slots: int, memory: SequenceMemory, *, prefix_reuse: bool, n_swa: int
+        self,
+        n_slots: int,
+        memory: SequenceMemory,
+        *,
+        prefix_reuse: bool,
+        n_swa: int,
+        contiguous: bool = False,
     ) -> None:
         self.slots = [Slot(seq_id) for seq_id in range(n_slots)]
         self._memory = memory
         self.prefix_reuse = prefix_reuse
         self._n_swa = n_swa
+        self._contiguous = contiguous  # a cache stream per slot: keep busy slots in a run
         self._clock = 0
         self.keeper: StateKeeper | None = None  # the prompt cache, when the engine has one
 
@@ -187,10 +201,21 @@ class SlotTable:
         slot = min(free, key=lambda s: (len(s.tokens) - reusable(s), s.last_used))
         return slot, reusable(slot)
 
-    @staticmethod
-    def _least_valuable(free: list[Slot]) -> Slot:
-        empty = [slot for slot in free if slot.tenant is None]
-        return empty[0] if empty else min(free, key=lambda slot: slot.last_used)
+    def _least_valuable(self, free: list[Slot]) -> Slot:
+        """With a cache stream per slot, the slot that leaves the fewest runs of busy slots
+        (one filling a gap, then one next to a busy slot: see the module's docstring); then
+        an empty slot, in slot order; then the least recently used."""
+        busy = {slot.seq_id for slot in self.slots if slot.busy}
+
+        def new_runs(slot: Slot) -> int:  # -1: joins two runs, 0: extends one, 1: opens one
+            return 1 - len({slot.seq_id - 1, slot.seq_id + 1} & busy)
+
+        def cost(slot: Slot) -> tuple[int, bool, int]:
+            runs = new_runs(slot) if self._contiguous else 0
+            empty = slot.tenant is None
+            return runs, not empty, 0 if empty else slot.last_used
+
+        return min(free, key=cost)
 
     def _keep(self, slot: Slot, tenant: str, n_reusable: int) -> int:
         """Cut the slot's cache to the reusable prefix; clear it for another tenant."""

@@ -23,6 +23,11 @@ class SequenceMemory:
         self._pointer = pointer
         self._one_stream = one_stream  # unified cache, or a single sequence
 
+    @property
+    def one_stream(self) -> bool:
+        """One cache stream for every sequence (else one each: llama.cpp's kv_unified off)."""
+        return self._one_stream
+
     def clear(self) -> None:
         """Forget every sequence, cache contents included."""
         self._lib.llama_memory_clear(self._pointer, True)

@@ -136,3 +136,33 @@ def test_every_decode_lists_its_sequences_in_slot_order(
     assert len({tuple(dict.fromkeys(ids)) for ids in steps}) > 1  # the set of sequences changed
     for ids in steps:
         assert ids == sorted(ids), ids
+
+
+def test_a_request_that_reuses_nothing_fills_the_gap_between_busy_slots(
+    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a cache stream per slot, llama.cpp computes one graph per run of consecutive
+    sequence ids: a newcomer takes the free slot between two generating ones, not the next
+    empty slot, so that the step stays one run (slots 0, 2, 3 would be two graphs a step)."""
+    seen: list[list[int]] = []
+    decode = Context.decode
+
+    def spy(context: Context, batch: Batch) -> int:
+        seen.append([batch.c_batch.seq_id[row][0] for row in range(batch.n_tokens)])
+        return decode(context, batch)
+
+    monkeypatch.setattr(Context, "decode", spy)
+    engine = make_engine(n_parallel=6)
+    long = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    handles = [  # another tenant each: nothing reusable, every slot choice is by placement
+        engine.submit(GenerationRequest(f"t{i}", f"request {i}", short if i == 1 else long))
+        for i in range(3)
+    ]
+    handles[1].collect()  # slot 1 is free while slots 0 and 2 generate
+    late = engine.submit(GenerationRequest("late", "a latecomer", long))
+    for handle in [handles[0], handles[2], late]:
+        assert handle.collect().finish.reason == "length"
+    three = [sorted(set(ids)) for ids in seen if len(set(ids)) == 3]
+    assert three, "the latecomer never generated beside the other two"
+    assert all(ids == [0, 1, 2] for ids in three), three
