@@ -104,6 +104,41 @@ def build_tools(jobs: int = 2, *, force: bool = False) -> dict[str, Path]:
     return paths
 
 
+C_LOOP_SOURCE = HERE / "c_loop.c"
+
+
+def installed_library_dir() -> Path:
+    """Where the installed llama-cpp-python keeps the libllama it loads."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("llama-cpp-python is not installed")
+    return Path(spec.origin).parent / "lib"
+
+
+def build_c_loop() -> Path:
+    """``benchmarks/c_loop.c`` compiled against the installed llama-cpp-python's own libllama
+    (headers from the same version's sources), rebuilt when the source is newer."""
+    binary = BUILD_DIR / "bin" / "homelab-c-loop"
+    if binary.is_file() and binary.stat().st_mtime >= C_LOOP_SOURCE.stat().st_mtime:
+        return binary
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise RuntimeError("a C compiler (cc) is needed to build benchmarks/c_loop.c")
+    tree, library = find_sources(), installed_library_dir()
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    command = [
+        compiler, "-O2", "-o", str(binary), str(C_LOOP_SOURCE),
+        f"-I{tree / 'include'}", f"-I{tree / 'ggml' / 'include'}",
+        f"-L{library}", "-lllama", f"-Wl,-rpath,{library}",
+    ]  # fmt: skip
+    print("+", " ".join(command), file=sys.stderr)
+    subprocess.run(command, check=True)
+    return binary
+
+
 if __name__ == "__main__":
     for tool, path in build_tools().items():
         print(f"{tool}: {path}")
+    print(f"homelab-c-loop: {build_c_loop()}")

@@ -11,7 +11,10 @@ Python per token are no longer hidden by the compute. Steady state, side by side
 - **single stream**: the engine (one process, kept running, one slot) streaming ``--tokens``
   greedy tokens with end-of-text banned, against ``llama-bench -n --tokens`` (tg). Read as
   ``homelab run`` reads it (``RequestHandle.chunks``: what has come, every 20 ms) and, in a
-  row of its own, by a reader woken for every token (llama-bench has no reader at all);
+  row of its own, by a reader woken for every token (llama-bench has no reader at all). Two
+  floors run beside it, kept running too: a bare llama-cpp-python loop (``bare_loop.py``)
+  and the same loop in C over the very libllama the engine loads (``c_loop.c``, built with
+  ``cc`` on first use), which tells the library's build from Python and from homelab;
 - **batched**: the engine with S slots (one process per S, kept running) generating 128
   tokens in each of S sequences at once, against ``llama-batched-bench -npl S`` (S_TG);
 - **TTFT** (``--ttft``): ``homelab serve`` and ``llama-server`` (the same planned context,
@@ -38,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -45,7 +49,7 @@ import httpx
 
 from benchmarks.decode_gaps import between_decodes_us, time_decodes
 from benchmarks.engine_bench import wait_for_quiet
-from benchmarks.llama_tools import HERE, build_tools, tool_path
+from benchmarks.llama_tools import HERE, build_c_loop, build_tools, tool_path
 from benchmarks.server_bench import (
     ServerBenchConfig,
     free_port,
@@ -61,6 +65,7 @@ TTFT_PROMPTS = (2048, 8192, 32768)
 OURS, THEIRS = "homelab", "llama.cpp"
 PER_TOKEN = "homelab, reader woken per token"
 BARE = "bare llama-cpp-python loop"  # no homelab: the floor of a Python engine (bare_loop)
+C_LOOP = "C loop over the same libllama"  # no Python: the floor of any engine (c_loop.c)
 BETWEEN = ": µs between decodes"  # homelab's own time per step (benchmarks.decode_gaps)
 
 
@@ -170,20 +175,25 @@ def _aggregate(engine: Any, streams: int, sampling: Any, round_index: int) -> fl
 
 
 class EngineProcess:
-    """A contender kept running in its own process: the engine (``serve_engine``), or with
-    ``bare`` a bare llama-cpp-python loop (``benchmarks.bare_loop``, one slot)."""
+    """A contender kept running in its own process: the engine (``serve_engine``); with
+    ``loop="bare"`` a bare llama-cpp-python loop (``benchmarks.bare_loop``, one slot); with
+    ``loop="c"`` the same loop in C over the same libllama (``benchmarks/c_loop.c``)."""
 
     def __init__(
-        self, config: StepBenchConfig, slots: int, ctx_per_slot: int, *, bare: bool = False
+        self, config: StepBenchConfig, slots: int, ctx_per_slot: int, *, loop: str = ""
     ) -> None:
-        if bare:
-            module = ["benchmarks.bare_loop", str(config.model), str(config.threads)]
-            command = [*module, str(ctx_per_slot)]
+        model_threads = [str(config.model), str(config.threads)]
+        if loop == "c":
+            command = [str(build_c_loop()), *model_threads, str(ctx_per_slot)]
+        elif loop == "bare":
+            command = [sys.executable, "-m", "benchmarks.bare_loop", *model_threads]
+            command.append(str(ctx_per_slot))
         else:
             arguments = [str(config.model), str(slots), str(config.threads), str(ctx_per_slot)]
-            command = ["benchmarks.step_bench", "--serve-engine", *arguments]
+            command = [sys.executable, "-m", "benchmarks.step_bench", "--serve-engine"]
+            command += arguments
         self.process = subprocess.Popen(
-            [sys.executable, "-m", *command],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -309,8 +319,11 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
     ctx_single = config.tokens + 64
     with ExitStack() as stack:
         single = None if config.ttft_only else EngineProcess(config, 1, ctx_single)
-        bare = None if config.ttft_only else EngineProcess(config, 1, ctx_single, bare=True)
-        for process in (single, bare):
+        floors = {} if config.ttft_only else {
+            BARE: EngineProcess(config, 1, ctx_single, loop="bare"),
+            C_LOOP: EngineProcess(config, 1, ctx_single, loop="c"),
+        }  # fmt: skip
+        for process in (single, *floors.values()):
             if process is not None:
                 stack.callback(process.close)
         streams = () if config.ttft_only else config.streams
@@ -323,22 +336,17 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
             flip = round_index % 2 == 1
             rows: list[tuple[str, dict[str, Callable[[], float]]]] = []
             engines: dict[str, EngineProcess] = {}  # row -> the engine process measured
-            if single is not None and bare is not None:
+            if single is not None:
                 engines[f"single stream tg{config.tokens}"] = single
-                ask, ask_bare = single.ask, bare.ask
-                rows.append(
-                    (
-                        f"single stream tg{config.tokens}",
-                        {
-                            OURS: lambda ask=ask: ask(op="stream", tokens=config.tokens),
-                            PER_TOKEN: lambda ask=ask: ask(
-                                op="stream", tokens=config.tokens, per_token=True
-                            ),
-                            BARE: lambda ask=ask_bare: ask(op="stream", tokens=config.tokens),
-                            THEIRS: lambda: llama_bench_tg(config),
-                        },
-                    )
-                )
+                tokens = config.tokens
+                stream: dict[str, Callable[[], float]] = {
+                    OURS: partial(single.ask, op="stream", tokens=tokens),
+                    PER_TOKEN: partial(single.ask, op="stream", tokens=tokens, per_token=True),
+                }
+                for name, floor in floors.items():
+                    stream[name] = partial(floor.ask, op="stream", tokens=tokens)
+                stream[THEIRS] = lambda: llama_bench_tg(config)
+                rows.append((f"single stream tg{config.tokens}", stream))
             for s in streams:
                 engines[f"{s} sequences S_TG"] = batched[s]
                 rows.append(
@@ -374,8 +382,8 @@ def measure(config: StepBenchConfig, log: Callable[[str], None]) -> Results:
                         value = math.nan
                     results.setdefault((row, name), Series()).values.append(value)
                     log(f"round {round_index + 1} {row:<40} {name:<10} {value:10.3f}")
-                    process = bare if name == BARE else engines.get(row)
-                    if name in (OURS, PER_TOKEN, BARE) and process is not None:
+                    process = floors.get(name) or engines.get(row)
+                    if name in (OURS, PER_TOKEN, BARE, C_LOOP) and process is not None:
                         between = process.between_us[-1]
                         results.setdefault((row, name + BETWEEN), Series()).values.append(between)
     return results
@@ -399,6 +407,7 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
             (OURS, row),
             (PER_TOKEN, f"{row}, reader woken per token"),
             (BARE, f"{row}, {BARE} (no homelab)"),
+            (C_LOOP, f"{row}, {C_LOOP} (no Python)"),
         )
         for name, label in labels:
             ours = results.get((row, name))
@@ -416,13 +425,14 @@ def markdown(config: StepBenchConfig, results: Results) -> str:
             )
     single = next((row for row in rows if (row, BARE) in results), None)
     if single is not None:
-        per_round = _round_ratios(results[(single, OURS)], results[(single, BARE)], False)
-        lines += [
-            "",
-            f"{single}: homelab / {BARE} per round, median "
-            f"{statistics.median(per_round):.2f}x (worst {min(per_round):.2f}x): what homelab "
-            "adds to calling llama.cpp from Python",
-        ]
+        lines.append("")
+        for floor, what in ((BARE, "calling llama.cpp from Python"), (C_LOOP, "the library")):
+            per_round = _round_ratios(results[(single, OURS)], results[(single, floor)], False)
+            lines.append(
+                f"{single}: homelab / {floor} per round, median "
+                f"{statistics.median(per_round):.2f}x (worst {min(per_round):.2f}x): what "
+                f"homelab adds to {what}"
+            )
     return "\n".join(lines)
 
 
@@ -444,9 +454,8 @@ def between_decodes_table(results: Results) -> str:
         sequences = 1 if row.startswith("single") else int(row.split()[0])
         step_us = 1e6 * sequences / speed.median
         contender = name.removesuffix(BETWEEN)
-        label = {PER_TOKEN: f"{row}, reader woken per token", BARE: f"{row}, {BARE}"}.get(
-            contender, row
-        )
+        labels = {PER_TOKEN: f"{row}, reader woken per token", BARE: f"{row}, {BARE}"}
+        label = {**labels, C_LOOP: f"{row}, {C_LOOP}"}.get(contender, row)
         lines.append(
             f"| {label} | {between.median:.1f} ({between.worst(lower_better=True):.1f}) | "
             f"{between.median / step_us:.1%} |"
