@@ -16,11 +16,12 @@ off for them: every request clears its slot. Sliding-window models keep only the
 ``n_swa`` positions when ``swa_full`` is off; a prefix is reused only if the window it needs
 is still in the cache (the same test llama-server makes).
 
-A request that reuses nothing takes, with a cache stream per slot (``contiguous``), the free
-slot that keeps the busy ones in the fewest runs of consecutive ids: llama.cpp computes a
-step in one graph only over such a run and splits it at every gap (four generating
-sequences in slots 0, 5, 9, 14 took 1.7x the time of four in slots 0-3 here; on a GPU each
-extra graph reads the weights again). Among equals, an empty slot first, then the least
+A request that does not continue its own slot (nothing reusable, or a probe kept off a
+conversation) takes, with a cache stream per slot (``contiguous``), a free slot that keeps
+the busy ones in the fewest runs of consecutive ids: llama.cpp computes a step in one graph
+only over such a run and splits it at every gap (four generating sequences in slots 0, 5, 9,
+14 took 1.7x the time of four in slots 0-3 here; on a GPU each extra graph reads the weights
+again). Among equals, the rules above: the cache that loses least, an empty slot, the least
 recently used.
 
 With a prompt cache (``homelab.engine.state_cache``) the table has a :class:`StateKeeper`:
@@ -30,7 +31,7 @@ tenant's longest saved prefix restored when that beats what the slot already hol
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -191,31 +192,37 @@ class SlotTable:
     def _cheapest(self, free: list[Slot], tenant: str, prompt: Sequence[int]) -> tuple[Slot, int]:
         """The free slot whose cache loses the fewest tokens to ``prompt`` (the least recently
         used of equals), and what it reuses: a second probe takes the first probe's slot, not
-        the conversation's."""
+        the conversation's. With a cache stream per slot, one that keeps the busy slots in
+        the fewest runs comes first (see the module's docstring)."""
 
         def reusable(slot: Slot) -> int:
             if slot.tenant != tenant:
                 return 0
             return min(common_prefix_length(slot.tokens, prompt), len(prompt) - 1)
 
-        slot = min(free, key=lambda s: (len(s.tokens) - reusable(s), s.last_used))
+        runs = self._new_runs()
+        slot = min(free, key=lambda s: (runs(s), len(s.tokens) - reusable(s), s.last_used))
         return slot, reusable(slot)
 
     def _least_valuable(self, free: list[Slot]) -> Slot:
         """With a cache stream per slot, the slot that leaves the fewest runs of busy slots
-        (one filling a gap, then one next to a busy slot: see the module's docstring); then
-        an empty slot, in slot order; then the least recently used."""
-        busy = {slot.seq_id for slot in self.slots if slot.busy}
-
-        def new_runs(slot: Slot) -> int:  # -1: joins two runs, 0: extends one, 1: opens one
-            return 1 - len({slot.seq_id - 1, slot.seq_id + 1} & busy)
+        (see the module's docstring); then an empty slot, in slot order; then the least
+        recently used."""
+        runs = self._new_runs()
 
         def cost(slot: Slot) -> tuple[int, bool, int]:
-            runs = new_runs(slot) if self._contiguous else 0
             empty = slot.tenant is None
-            return runs, not empty, 0 if empty else slot.last_used
+            return runs(slot), not empty, 0 if empty else slot.last_used
 
         return min(free, key=cost)
+
+    def _new_runs(self) -> Callable[[Slot], int]:
+        """How many runs of consecutive busy slots taking a slot adds: -1 when it joins two,
+        0 when it extends one, 1 when it opens one; 0 for every slot with one cache stream."""
+        if not self._contiguous:
+            return lambda slot: 0
+        busy = {slot.seq_id for slot in self.slots if slot.busy}
+        return lambda slot: 1 - len({slot.seq_id - 1, slot.seq_id + 1} & busy)
 
     def _keep(self, slot: Slot, tenant: str, n_reusable: int) -> int:
         """Cut the slot's cache to the reusable prefix; clear it for another tenant."""
