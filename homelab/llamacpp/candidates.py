@@ -19,10 +19,7 @@ from homelab.errors import EngineError
 from homelab.llamacpp._lib import lib
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.logits import logits_row
-from homelab.llamacpp.sampler import SamplerChain
-
-# struct llama_token_data { llama_token id; float logit; float p; }
-TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+from homelab.llamacpp.sampler import TOKEN_DATA, SamplerChain
 
 
 def shaped_distribution(

@@ -140,9 +140,7 @@ class Context(Closing):
 
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of one output row of the last decode (a view, valid until the next)."""
-        from homelab.llamacpp.logits import logits_row
-
-        return logits_row(self.pointer, row, self.n_vocab)
+        return self._output_rows.row(row)
 
     def output_logits(self, n_rows: int) -> np.ndarray | None:
         """The logits of the last decode's ``n_rows`` outputs, in batch order, as a view

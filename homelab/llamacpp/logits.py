@@ -40,6 +40,9 @@ class OutputRows:
         self._n_vocab = n_vocab
         self._address_of_logits = address_function("llama_get_logits")
         self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, rows) -> view
+        row_prototype = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)
+        self._address_of_row = row_prototype(("llama_get_logits_ith", library_handle()))
+        self._rows: dict[int, np.ndarray] = {}  # address -> one row's view
 
     def __call__(self, n_rows: int) -> np.ndarray | None:
         """The view, or None when the last decode kept no logits."""
@@ -53,6 +56,21 @@ class OutputRows:
             floats = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
             view = np.ctypeslib.as_array(floats, (n_rows, self._n_vocab))
             self._views[(address, n_rows)] = view
+        return view
+
+    def row(self, index: int) -> np.ndarray:
+        """The logits of batch row ``index`` (llama.cpp finds its output row), a view cached
+        by address like the rows' view: ~1 µs where ``logits_row`` takes ~8."""
+        address = self._address_of_row(self._pointer, index)
+        if not address:
+            raise IndexError(f"batch row {index} of the last decode has no logits")
+        view = self._rows.get(address)
+        if view is None:
+            if len(self._rows) >= 1024:  # the buffer moved many times: start afresh
+                self._rows.clear()
+            floats = ctypes.cast(address, ctypes.POINTER(ctypes.c_float))
+            view = np.ctypeslib.as_array(floats, (self._n_vocab,))
+            self._rows[address] = view
         return view
 
 

@@ -8,8 +8,11 @@ ones (penalties, grammar). Which samplers, in which order, is the engine's polic
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from homelab.errors import EngineError
 from homelab.llamacpp._lib import lib
@@ -19,6 +22,8 @@ from homelab.llamacpp.vocab import Vocab
 
 RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: llama.cpp picks a random seed
 MIN_KEEP = 1  # top-p and min-p keep at least this many candidates
+# struct llama_token_data { llama_token id; float logit; float p; }
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 class SamplerChain:
@@ -30,6 +35,11 @@ class SamplerChain:
             self._lib.llama_sampler_chain_default_params()
         )
         self._penalties: Any = None
+        self._candidates = np.empty(0, dtype=TOKEN_DATA)  # reused by pick(), with:
+        self._candidates_address = 0
+        self._candidates_pointer: Any = None
+        self._array: Any = self._lib.llama_token_data_array()
+        self._array_ref: Any = ctypes.byref(self._array)
 
     def _add(self, sampler: Any) -> None:
         self._lib.llama_sampler_chain_add(self.pointer, sampler)  # the chain now owns it
@@ -94,6 +104,32 @@ class SamplerChain:
     def sample(self, context: Context, row: int) -> int:
         """The token chosen from batch row ``row`` of the last decode on ``context``."""
         return int(self._lib.llama_sampler_sample(self.pointer, context.pointer, row))
+
+    def pick(self, ids: np.ndarray, logits: np.ndarray) -> int:
+        """The token the chain chooses among the candidates ``ids`` with these ``logits``
+        (the others are out of the running), accepted as :meth:`sample` accepts it."""
+        n = len(ids)
+        if len(self._candidates) < n:
+            self._grow(n)
+        data = self._candidates
+        data["id"][:n], data["logit"][:n], data["p"][:n] = ids, logits, 0.0
+        array = self._array
+        array.data, array.size, array.selected, array.sorted = self._candidates_pointer, n, -1, 0
+        self._lib.llama_sampler_apply(self.pointer, self._array_ref)
+        selected = array.selected
+        if not 0 <= selected < array.size:
+            raise EngineError("the sampler chain picked no token", hint="Check the logit_bias.")
+        moved = ctypes.cast(array.data, ctypes.c_void_p).value != self._candidates_address
+        token = int(array.data[selected].id if moved else data["id"][selected])
+        self._lib.llama_sampler_accept(self.pointer, token)
+        return token
+
+    def _grow(self, n: int) -> None:
+        self._candidates = np.zeros(max(n, 2 * len(self._candidates), 512), dtype=TOKEN_DATA)
+        self._candidates_address = self._candidates.ctypes.data
+        self._candidates_pointer = ctypes.cast(
+            self._candidates_address, ctypes.POINTER(self._lib.llama_token_data)
+        )
 
     def accept(self, token: int) -> None:
         """Record ``token`` as chosen (penalties, grammar) when it was picked outside the
