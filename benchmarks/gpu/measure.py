@@ -613,7 +613,8 @@ def serving_section(run: Run) -> None:
     """The comparisons ``benchmarks.server_bench`` and ``benchmarks.step_bench --ttft-only``
     make on this CPU, on the big model with every layer on the GPU: 1/8/16 clients streaming
     and not, and the TTFT of 2K/8K/32K-token prompts, against llama-server of the same build;
-    and ``benchmarks.sampling_bench`` (greedy picks: sampler per sequence vs one argmax)."""
+    and ``benchmarks.sampling_bench`` (greedy picks: sampler per sequence vs one argmax;
+    sampled picks: the whole vocabulary vs its top-k first)."""
     serving = run.results.data.setdefault("serving", {})
     wait_for_tools(run)
     big, tools = run.models["big"], str(run.tools_dir)
@@ -626,6 +627,8 @@ def serving_section(run: Run) -> None:
                  "--rounds", str(run.config.serving_rounds), "--threads", "4", "--min-idle", "0"],
         # greedy picks per batch vs per sequence, on the host as on any GPU box (~1 min)
         "sampling": ["benchmarks.sampling_bench", "--model", big, "--rows", "1,8,32"],
+        # sampled picks: the whole vocabulary vs its top-k first, on the real model's rows
+        "sampled": ["benchmarks.sampling_bench", "--model", big, "--sampled"],
         # the generated vision pairs, model and projector on the GPU (~1 min)
         "images": ["benchmarks.image_bench", "--gpu", "--rounds", "5", "--min-idle", "0"],
     }  # fmt: skip

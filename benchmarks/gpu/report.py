@@ -279,6 +279,7 @@ def serving(data: dict[str, Any]) -> list[str]:
         ("server_bench", "homelab serve vs llama-server"),
         ("ttft", "TTFT"),
         ("sampling", "greedy picks: sampler per sequence vs one argmax"),
+        ("sampled", "sampled picks: the whole vocabulary vs its top-k first"),
         ("images", "image encode and TTFT, generated vision pairs"),
     )
     for name, title in titles:
