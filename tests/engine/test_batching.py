@@ -6,6 +6,7 @@ import pytest
 from engine_helpers import EngineFactory
 
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenLogprob
+from homelab.engine.engine import Engine
 from homelab.engine.scheduler import Completion, RequestHandle
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
@@ -106,13 +107,9 @@ def late_done(handle: RequestHandle) -> bool:
     return handle.finished
 
 
-def test_every_decode_lists_its_sequences_in_slot_order(
-    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With a cache stream per slot, llama.cpp computes a batch as one graph only while each
-    token's sequence id follows the previous one; out of order it splits the batch (8 slots,
-    one pair swapped: 1.6x the time here). A request that takes a slot freed in the middle
-    joins the end of the generating list — the batch must still be in slot order."""
+@pytest.fixture
+def decoded_ids(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The sequence id of every row of every decode from now on, batch by batch."""
     seen: list[list[int]] = []
     decode = Context.decode
 
@@ -121,48 +118,45 @@ def test_every_decode_lists_its_sequences_in_slot_order(
         return decode(context, batch)
 
     monkeypatch.setattr(Context, "decode", spy)
-    engine = make_engine(n_parallel=4)
+    return seen
+
+
+def generate_with_a_latecomer(engine: Engine, n_requests: int) -> None:
+    """``n_requests`` requests (another tenant each: nothing reusable) of which the second
+    ends after 2 tokens; once it has, a latecomer joins the others still generating."""
     long = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     handles = [
         engine.submit(GenerationRequest(f"t{i}", f"request {i}", short if i == 1 else long))
-        for i in range(4)
+        for i in range(n_requests)
     ]
     handles[1].collect()  # its slot is free while the others still generate
     late = engine.submit(GenerationRequest("late", "a latecomer", long))
-    for handle in [handles[0], handles[2], handles[3], late]:
+    for handle in [*handles[:1], *handles[2:], late]:
         assert handle.collect().finish.reason == "length"
-    steps = [ids for ids in seen if len(set(ids)) > 1]
+
+
+def test_every_decode_lists_its_sequences_in_slot_order(
+    make_engine: EngineFactory, decoded_ids: list[list[int]]
+) -> None:
+    """With a cache stream per slot, llama.cpp computes a batch as one graph only while each
+    token's sequence id follows the previous one; out of order it splits the batch (8 slots,
+    one pair swapped: 1.6x the time here). A request that takes a slot freed in the middle
+    joins the end of the generating list — the batch must still be in slot order."""
+    generate_with_a_latecomer(make_engine(n_parallel=4), 4)
+    steps = [ids for ids in decoded_ids if len(set(ids)) > 1]
     assert len({tuple(dict.fromkeys(ids)) for ids in steps}) > 1  # the set of sequences changed
     for ids in steps:
         assert ids == sorted(ids), ids
 
 
 def test_a_request_that_reuses_nothing_fills_the_gap_between_busy_slots(
-    make_engine: EngineFactory, monkeypatch: pytest.MonkeyPatch
+    make_engine: EngineFactory, decoded_ids: list[list[int]]
 ) -> None:
     """With a cache stream per slot, llama.cpp computes one graph per run of consecutive
     sequence ids: a newcomer takes the free slot between two generating ones, not the next
     empty slot, so that the step stays one run (slots 0, 2, 3 would be two graphs a step)."""
-    seen: list[list[int]] = []
-    decode = Context.decode
-
-    def spy(context: Context, batch: Batch) -> int:
-        seen.append([batch.c_batch.seq_id[row][0] for row in range(batch.n_tokens)])
-        return decode(context, batch)
-
-    monkeypatch.setattr(Context, "decode", spy)
-    engine = make_engine(n_parallel=6)
-    long = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
-    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
-    handles = [  # another tenant each: nothing reusable, every slot choice is by placement
-        engine.submit(GenerationRequest(f"t{i}", f"request {i}", short if i == 1 else long))
-        for i in range(3)
-    ]
-    handles[1].collect()  # slot 1 is free while slots 0 and 2 generate
-    late = engine.submit(GenerationRequest("late", "a latecomer", long))
-    for handle in [handles[0], handles[2], late]:
-        assert handle.collect().finish.reason == "length"
-    three = [sorted(set(ids)) for ids in seen if len(set(ids)) == 3]
+    generate_with_a_latecomer(make_engine(n_parallel=6), 3)  # slot 1 frees between 0 and 2
+    three = [sorted(set(ids)) for ids in decoded_ids if len(set(ids)) == 3]
     assert three, "the latecomer never generated beside the other two"
     assert all(ids == [0, 1, 2] for ids in three), three
