@@ -14,10 +14,12 @@ a request asks for them.
 That C call copies the whole vocabulary into a candidate array and sorts its way to the top
 k, per sequence per step, on the CPU: 130 µs at 32K tokens, 300-500 µs at 152K — at 16
 sequences more than a GPU's decode step. A chain whose first cut is top-k (no penalties, no
-grammar, no positive bias, a vocabulary of at least ``TOP_K_FIRST_MIN_VOCAB``) is handed
-only the tokens that can survive it (:func:`top_candidates`: a few hundred) and runs on
-those: the same top k, in the same order, so the same pick from the same random stream
-(3x faster at 152K, 2x at 32K; ``benchmarks/sampling_bench.py --sampled``).
+grammar, no positive bias) over a vocabulary of at least ``TOP_K_FIRST_MIN_VOCAB`` tokens
+(Llama 3, Qwen, Gemma) is handed only the tokens that can survive the cut
+(:func:`top_candidates`: a few hundred) and runs on those: the same top k, in the same
+order, so the same pick from the same random stream (~4x faster at 152K tokens;
+``benchmarks/sampling_bench.py --sampled``). Below that size the numpy and ctypes calls cost
+what they save.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from homelab.llamacpp import sampler
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.vocab import Vocab
 
-TOP_K_FIRST_MIN_VOCAB = 8192  # below, the C chain over the whole vocabulary is as fast
+# below, the C chain over the whole vocabulary is as fast after a real decode (16 sequences,
+# µs between decodes: 1K tokens 354 whole vs 671 top-k first; 32K 1,298 vs 1,321)
+TOP_K_FIRST_MIN_VOCAB = 65536
 TOP_K_FIRST_MAX_K = 1024  # a larger top-k cuts little: the whole vocabulary it is
 SAMPLE_STRIDE = 37  # top_candidates reads every 37th logit to place its threshold
 SPARE_SAMPLES = 8  # ...that many more sampled logits above it than top-k needs
