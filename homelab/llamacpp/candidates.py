@@ -18,7 +18,6 @@ import numpy as np
 from homelab.errors import EngineError
 from homelab.llamacpp._lib import lib
 from homelab.llamacpp.context import Context
-from homelab.llamacpp.logits import logits_row
 from homelab.llamacpp.sampler import TOKEN_DATA, SamplerChain
 
 
@@ -30,7 +29,7 @@ def shaped_distribution(
     n_vocab = context.n_vocab
     data = np.empty(n_vocab, dtype=TOKEN_DATA)
     data["id"] = np.arange(n_vocab, dtype=np.int32)
-    data["logit"] = logits_row(context.pointer, row, n_vocab)
+    data["logit"] = context.logits_row(row)
     data["p"] = 0.0
     array = module.llama_token_data_array(
         data.ctypes.data_as(ctypes.POINTER(module.llama_token_data)), n_vocab, -1, False
