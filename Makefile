@@ -5,12 +5,19 @@ BIN := $(VENV)/bin
 # Build llama-cpp-python with the RPC backend (`homelab worker`, `--rpc`), and with CUDA when
 # an NVIDIA driver is visible; CMAKE_ARGS overrides both.
 CUDA_ARGS := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "-DGGML_CUDA=on")
-export CMAKE_ARGS ?= -DGGML_RPC=on $(CUDA_ARGS)
+# On a CPU with AMX, -march=native compiles ggml's AMX matmul, which this llama.cpp cannot run:
+# GCC 12 (Debian 12's) drops the stores that fill its tile configuration, so every quantized
+# model dies of a general protection fault, and with those kept an MLA model (DeepSeek) fails
+# an assertion while its context is made. -mno-amx-int8 leaves it out (AVX-512 VNNI does the
+# work); benchmarks/llama_tools.py builds llama.cpp's tools the same way (tests/test_build_flags.py).
+CPUINFO ?= /proc/cpuinfo
+AMX_ARGS := $(shell grep -qw amx_tile $(CPUINFO) 2>/dev/null && echo "-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8")
+export CMAKE_ARGS ?= -DGGML_RPC=on $(CUDA_ARGS) $(AMX_ARGS)
 # pip's wheel cache ignores CMAKE_ARGS: with custom build flags, never reuse a cached wheel
 # (a plain CPU wheel without RPC would be installed silently).
 PIP_CACHE_FLAG := $(if $(strip $(CMAKE_ARGS)),--no-cache-dir,)
 
-.PHONY: run test check lint typecheck install install-test clean bench
+.PHONY: run test check lint typecheck install install-test clean bench cmake-args
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +51,10 @@ check: lint typecheck test
 
 bench: install-test
 	$(BIN)/python -m benchmarks.run
+
+# what pip builds llama-cpp-python with on this machine (for a bug report, or to rebuild it)
+cmake-args:
+	@echo $(CMAKE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -33,6 +33,21 @@ CMAKE_FLAGS = (
 )
 
 
+def amx_workaround_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
+    """The Makefile's AMX_ARGS: on a CPU with AMX, ``-march=native`` compiles ggml's AMX
+    matmul, which this llama.cpp cannot run (GCC 12 drops the stores of its tile
+    configuration: a general protection fault on every quantized model; with them kept, an
+    MLA model fails an assertion); ``-mno-amx-int8`` leaves it out. The tools are built like
+    the library they are compared with."""
+    try:
+        flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return ()
+    if "amx_tile" not in flags.split():
+        return ()
+    return ("-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8")
+
+
 def llama_cpp_python_version() -> str:
     from importlib.metadata import version
 
@@ -96,7 +111,10 @@ def build_tools(jobs: int = 2, *, force: bool = False) -> dict[str, Path]:
     source = find_sources()
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     nice = ["nice", "-n", "10"] if shutil.which("nice") else []
-    configure = ["cmake", "-S", str(source), "-B", str(BUILD_DIR), *generator, *CMAKE_FLAGS]
+    configure = [
+        "cmake", "-S", str(source), "-B", str(BUILD_DIR), *generator, *CMAKE_FLAGS,
+        *amx_workaround_flags(),
+    ]  # fmt: skip
     build = ["cmake", "--build", str(BUILD_DIR), "--target", *TARGETS, "-j", str(jobs)]
     for command in (configure, build):
         print("+", " ".join(command), file=sys.stderr)
