@@ -9,7 +9,7 @@ CUDA_ARGS := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "-DGGML_CUDA=
 # GCC 12 (Debian 12's) drops the stores that fill its tile configuration, so every quantized
 # model dies of a general protection fault, and with those kept an MLA model (DeepSeek) fails
 # an assertion while its context is made. -mno-amx-int8 leaves it out (AVX-512 VNNI does the
-# work); benchmarks/llama_tools.py builds llama.cpp's tools the same way (tests/test_build_flags.py).
+# work); benchmarks/llama_tools.py takes its compiler flags from `make cmake-args`.
 CPUINFO ?= /proc/cpuinfo
 AMX_ARGS := $(shell grep -qw amx_tile $(CPUINFO) 2>/dev/null && echo "-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8")
 export CMAKE_ARGS ?= -DGGML_RPC=on $(CUDA_ARGS) $(AMX_ARGS)

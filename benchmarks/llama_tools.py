@@ -31,21 +31,24 @@ CMAKE_FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
 )
+COMPILER_FLAG_ARGS = ("-DCMAKE_C_FLAGS=", "-DCMAKE_CXX_FLAGS=")  # taken from the Makefile
 
 
 def amx_workaround_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> tuple[str, ...]:
-    """The Makefile's AMX_ARGS: on a CPU with AMX, ``-march=native`` compiles ggml's AMX
-    matmul, which this llama.cpp cannot run (GCC 12 drops the stores of its tile
-    configuration: a general protection fault on every quantized model; with them kept, an
-    MLA model fails an assertion); ``-mno-amx-int8`` leaves it out. The tools are built like
-    the library they are compared with."""
-    try:
-        flags = next(line for line in cpuinfo.read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return ()
-    if "amx_tile" not in flags.split():
-        return ()
-    return ("-DCMAKE_C_FLAGS=-mno-amx-int8", "-DCMAKE_CXX_FLAGS=-mno-amx-int8")
+    """The compiler flags of the Makefile's CMAKE_ARGS for a machine whose cpuinfo is
+    ``cpuinfo`` (its AMX_ARGS: on a CPU with AMX, ``-mno-amx-int8``; see the Makefile), so
+    the tools are built like the library they are compared with, by the same rule."""
+    if shutil.which("make") is None:
+        raise RuntimeError("make is needed to read the build flags (the Makefile's CMAKE_ARGS)")
+    env = {k: v for k, v in os.environ.items() if k != "CMAKE_ARGS"}  # the Makefile's own
+    printed = subprocess.run(
+        ["make", "-s", "-C", str(HERE.parent), "cmake-args", f"CPUINFO={cpuinfo}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return tuple(arg for arg in printed.split() if arg.startswith(COMPILER_FLAG_ARGS))
 
 
 def llama_cpp_python_version() -> str:

@@ -1,5 +1,6 @@
 """How llama.cpp is compiled on an AMX CPU: the Makefile (llama-cpp-python, which homelab
-loads) and benchmarks/llama_tools.py (llama.cpp's own tools, compared with it) agree.
+loads) and benchmarks/llama_tools.py (llama.cpp's own tools, compared with it; it reads the
+Makefile's flags) agree.
 
 On a CPU with AMX, ``-march=native`` compiles ggml's AMX matmul, and this llama.cpp cannot
 run it: GCC 12 (Debian 12's) drops the stores that fill its tile configuration, so
@@ -7,7 +8,7 @@ run it: GCC 12 (Debian 12's) drops the stores that fill its tile configuration, 
 first prompt; with the stores kept (``-fno-dse``) the demo DeepSeek (MLA) model fails
 ``GGML_ASSERT(*cur_backend_id != -1)`` while its context is made. ``-mno-amx-int8`` leaves
 the AMX matmul out (explicit ``-mno-`` flags win over ``-march=native`` whatever their order).
-Both builds read the CPU's flags from a cpuinfo file, given here.
+The CPU's flags are read from a cpuinfo file, given here.
 """
 
 from __future__ import annotations
