@@ -32,19 +32,25 @@ class Utf8Decoder:
         # The stdlib incremental decoder keeps only a *possibly valid* prefix pending and
         # replaces a byte as soon as it proves invalid: exactly the semantics we want.
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # no bytes are pending: a token whose bytes are whole UTF-8 is its own text (read
+        # by the scheduler for every token, so a plain attribute)
+        self.idle = True
 
     def feed(self, data: bytes, whole: str | None = None) -> str:
         """The characters ``data`` completes. ``whole``: ``data`` decoded, when it is
         complete UTF-8 by itself (a cache of the caller's): returned as it is when no
         earlier bytes are pending, without decoding anything."""
-        if whole is not None and not self._decoder.buffer:  # type: ignore[attr-defined]
+        if whole is not None and self.idle:
             return whole
-        return self._decoder.decode(data, final=False)
+        text = self._decoder.decode(data, final=False)
+        self.idle = not self._decoder.buffer  # type: ignore[attr-defined]
+        return text
 
     def flush(self) -> str:
         """End of stream: a pending incomplete character becomes U+FFFD."""
         text = self._decoder.decode(b"", final=True)
         self._decoder.reset()
+        self.idle = True
         return text
 
     @property

@@ -53,6 +53,12 @@ class Batch:
         self.n_tokens = self.c_batch.n_tokens = row + 1
         return row
 
+    def advance(self, row: int, token: int, position: int) -> None:
+        """Give ``row`` (a generating sequence's, added by :meth:`add_one`) its next token and
+        position, keeping its sequence and output flag: the same sequences step again."""
+        self._token[row] = token
+        self._pos[row] = position
+
     def add_run(
         self,
         tokens: Sequence[int],

@@ -9,6 +9,7 @@ attention, head sizes a quantized cache cannot hold, memory).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +96,10 @@ class Context(Closing):
         from homelab.llamacpp.logits import OutputRows  # numpy: imported when a model loads
 
         self._output_rows = OutputRows(pointer, self.n_vocab)
+        # output_logits(n_rows): the logits of the last decode's ``n_rows`` outputs, in batch
+        # order, as a view ``(n_rows, n_vocab)`` valid until the next decode; None when it
+        # kept none (the OutputRows itself: a greedy step calls it, one Python call fewer)
+        self.output_logits: Callable[[int], np.ndarray | None] = self._output_rows
 
     @classmethod
     def create(cls, model: Model, params: ContextParams) -> Context:
@@ -141,11 +146,6 @@ class Context(Closing):
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of one output row of the last decode (a view, valid until the next)."""
         return self._output_rows.row(row)
-
-    def output_logits(self, n_rows: int) -> np.ndarray | None:
-        """The logits of the last decode's ``n_rows`` outputs, in batch order, as a view
-        ``(n_rows, n_vocab)`` valid until the next decode; None when it kept none."""
-        return self._output_rows(n_rows)
 
     def all_logits(self, n_rows: int) -> np.ndarray:
         """The logits of the last decode's ``n_rows`` rows, when every token was an output."""

@@ -194,6 +194,14 @@ def decode_on_lane(decode: Callable[..., Any], *args: Any) -> int:
     return int(_LANE.run(lambda: decode(*args)))
 
 
+def alone(resident: Resident) -> bool:
+    """Whether ``resident``, stepping on the lane, may take its next step at once without
+    going back to the lane: it is the lane's only resident and nobody has handed the lane a
+    call or a wake since it last looked. Read without the lock: a call or wake that comes
+    now is seen after the next step."""
+    return not _LANE._calls and not _LANE._woken and _LANE._stepping == (resident,)
+
+
 def run_on_lane(function: Callable[[], T]) -> T:
     """Run other llama.cpp compute (a vision projector's encode) on the compute lane."""
     result: T = _LANE.run(function)

@@ -41,7 +41,8 @@ class OutputRows:
         address = self._address_of_logits(self._pointer)
         if not address:
             return None
-        return self._view(address, n_rows)
+        view = self._views.get((address, n_rows))  # every step: no call when it is cached
+        return self._view(address, n_rows) if view is None else view
 
     def row(self, index: int) -> np.ndarray:
         """The logits of batch row ``index`` (llama.cpp finds its output row; -1: the last)."""

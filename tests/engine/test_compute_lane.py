@@ -9,6 +9,7 @@ on generated tiny models; no timing is asserted.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -86,3 +87,59 @@ def test_a_replaced_lane_serves_while_the_old_thread_is_stuck() -> None:
     release.set()
     waiter.join(10)
     assert not waiter.is_alive()
+
+
+# --- an engine stepping alone (``Scheduler._generate`` steps again without the lane) --------
+
+LONG = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+
+
+def started_stream(engine: Any) -> Any:
+    """A long greedy stream, its first tokens read: its engine is stepping on its own."""
+    handle = engine.submit(GenerationRequest("long", "hello world", LONG))
+    events = iter(handle)
+    for _ in range(5):
+        next(events)
+    return handle
+
+
+def stop(handle: Any) -> None:
+    handle.cancel()
+    assert handle.collect().finish.reason in ("cancelled", "length")
+
+
+def test_another_engine_is_served_while_one_generates_alone(make_engine: Any) -> None:
+    """The steady steps go back to the lane as soon as it has other work: a request to a
+    second engine finishes long before the stream that was generating alone."""
+    first, second = make_engine(n_parallel=1, ctx_per_slot=2048), make_engine(n_parallel=1)
+    long = started_stream(first)
+    short = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    finish = second.submit(GenerationRequest("short", "hi", short)).collect().finish
+    assert finish.stats.completion_tokens == 4
+    assert not long.finished  # 1,500 tokens: the lane went between the two engines
+    stop(long)
+
+
+def test_a_call_between_steps_runs_while_a_stream_generates(make_engine: Any) -> None:
+    engine = make_engine(n_parallel=1, ctx_per_slot=2048)
+    long = started_stream(engine)
+    assert engine.run_on_engine_thread(lambda: threading.get_ident()).result(10) == (
+        lane._LANE.thread.ident  # type: ignore[union-attr]
+    )
+    assert not long.finished
+    stop(long)
+
+
+def test_metrics_subscribers_are_called_on_time_while_a_stream_generates(
+    make_engine: Any,
+) -> None:
+    engine = make_engine(n_parallel=1, ctx_per_slot=2048)
+    busy: list[int] = []
+    unsubscribe = engine.subscribe(lambda m: busy.append(m.active_slots), interval_s=0.05)
+    handle = engine.submit(GenerationRequest("long", "hello world", LONG))
+    started = time.perf_counter()
+    assert handle.collect().finish.stats.completion_tokens == 1500
+    generating_s = time.perf_counter() - started
+    unsubscribe()
+    # due every 50 ms: while the one stream generated (~0.5 s here), not only at its end
+    assert busy.count(1) >= min(3, int(generating_s / 0.05) - 1), (busy, generating_s)
