@@ -19,8 +19,8 @@ Decodes = list[tuple[float, float]]  # (start, end) of each llama_decode, perf_c
 
 def time_decodes() -> Decodes:
     """From now on, record every ``llama_decode`` of this process (the engine reads
-    llama-cpp-python's module attribute at each call; the wrapper costs ~0.3 µs). Clear the
-    list to start a new measurement."""
+    llama-cpp-python's module attribute at each call, or once for a run of steady steps;
+    the wrapper costs ~0.3 µs). Clear the list to start a new measurement."""
     import llama_cpp
 
     real = llama_cpp.llama_decode

@@ -10,6 +10,7 @@ request fields.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -67,6 +68,11 @@ class TokenEvent(NamedTuple):
     text: str  # complete UTF-8 text released by this step (may be "" while bytes are pending)
     token_id: int
     logprob: TokenLogprob | None = None
+
+
+# ``new_token_event((text, token_id, logprob))``: the same TokenEvent, built without calling
+# NamedTuple's ``__new__`` (a Python function: the compute lane builds one event per token)
+new_token_event = functools.partial(tuple.__new__, TokenEvent)
 
 
 @dataclass(frozen=True)

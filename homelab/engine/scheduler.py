@@ -50,6 +50,7 @@ from homelab.engine.api import (
     GenerationRequest,
     TokenEvent,
     TokenLogprob,
+    new_token_event,
 )
 from homelab.engine.image_prefill import ImagePrefill, JobImages
 from homelab.engine.image_prompt import ImagePrompt, ImageSpan
@@ -727,6 +728,9 @@ class Scheduler:
         batch.clear()
         for job in jobs:
             job.batch_index = batch.add_one(job.last_token, job.n_past, job.slot.seq_id)  # type: ignore[union-attr]
+        if all(job.chain.plain_greedy for job in jobs):
+            self._generate_greedy(jobs, batch)
+            return
         n_jobs = len(jobs)
         while True:
             status = self._context.decode(batch)
@@ -736,14 +740,68 @@ class Scheduler:
             for job in jobs:
                 job.slot.tokens.append(job.last_token)  # type: ignore[union-attr]
                 job.n_past += 1
-            if not self._sample_greedy_batch(jobs):
-                self._sample_each(jobs)
+            self._sample_each(jobs)
             now = time.perf_counter()
             self._meter.record_generating_step(now, n_jobs)
             if not self._steady(n_jobs, now):
                 return
             for job in jobs:
                 batch.advance(job.batch_index, job.last_token, job.n_past)
+
+    def _generate_greedy(self, jobs: tuple[Job, ...], batch: Batch) -> None:
+        """``_generate`` when every sequence samples plain greedy: one argmax over the step's
+        logits picks every token (see ``_sample_greedy_batch``), and a pick that is plain text
+        (the first branch of ``_emit``) is handed over right here. Everything a step reads is
+        bound before the first one: each Python call a step makes costs ~10x its cost in a
+        loop (the decode in between leaves the caches cold), and this loop makes four."""
+        decode = self._context.decoder(batch)
+        logits_of, n_jobs = self._context.output_logits, len(jobs)
+        eog, whole_texts, meter = self._eog, self._whole_texts, self._meter
+        while True:
+            status = decode()
+            if status != 0:
+                self._after_status([self._decode_part(job) for job in jobs], status)
+                return
+            logits = logits_of(n_jobs)
+            picks = logits.argmax(axis=1).tolist() if logits is not None else [-1] * n_jobs
+            for index, job in enumerate(jobs):
+                job.slot.tokens.append(job.last_token)  # type: ignore[union-attr]
+                job.n_past += 1
+                token, clock = picks[index], job.clock
+                n_tokens = clock.completion_tokens + 1
+                text = whole_texts.get(token)
+                if (
+                    text is not None
+                    and job.utf8.idle
+                    and job.plain_text
+                    and n_tokens < job.max_tokens
+                    and token not in eog
+                ):
+                    clock.completion_tokens = n_tokens
+                    job.handle.push(new_token_event((text, token, None)))
+                    job.last_token = token
+                else:
+                    self._emit_pick(job, token, logits, index)
+            now = time.perf_counter()
+            meter.record_generating_step(now, n_jobs)
+            if not self._steady(n_jobs, now):
+                return
+            for job in jobs:
+                batch.advance(job.batch_index, job.last_token, job.n_past)
+
+    def _emit_pick(self, job: Job, token: int, logits: np.ndarray | None, index: int) -> None:
+        """A greedy pick that is not plain text: an end of generation (banned or not), a
+        token whose bytes are not whole, stop strings, log-probabilities, the last token;
+        sampled by its own chain if the decode kept no logits (never expected)."""
+        try:
+            if logits is None:
+                token = job.chain.sample(self._context, job.batch_index)
+            elif token in self._eog and self._eog_banned(job):
+                token = self._pick_without_eog(logits[index])
+            self._emit(job, token, job.batch_index)
+        except Exception as exc:
+            log.exception("sampling failed for request %s", job.handle.request_id)
+            self._fail(job, f"sampling failed: {exc}")
 
     def _steady(self, n_jobs: int, now: float) -> bool:
         """After a generating step: whether the same ``n_jobs`` sequences step again at once
@@ -912,18 +970,10 @@ class Scheduler:
             return False
         started = time.perf_counter() if self._profile is not None else 0.0
         picks = logits.argmax(axis=1).tolist()  # the greedy sampler's pick: the first maximum
-        eog = self._eog
-        for index, job in enumerate(jobs):
-            if picks[index] in eog and self._eog_banned(job):
-                picks[index] = self._pick_without_eog(logits[index])
         if self._profile is not None:
             self._profile.add("sample", time.perf_counter() - started)
-        for job, token in zip(jobs, picks, strict=True):
-            try:
-                self._emit(job, token, job.batch_index)
-            except Exception as exc:
-                log.exception("sampling failed for request %s", job.handle.request_id)
-                self._fail(job, f"sampling failed: {exc}")
+        for index, job in enumerate(jobs):
+            self._emit_pick(job, picks[index], logits, index)
         return True
 
     def _pick_without_eog(self, row: np.ndarray) -> int:
@@ -1038,7 +1088,7 @@ class Scheduler:
             and self._profile is None
         ):
             clock.completion_tokens = n_tokens
-            job.handle.push(TokenEvent(whole, token))
+            job.handle.push(new_token_event((whole, token, None)))
             job.last_token = token
             return True
         if not clock.first_token:

@@ -9,6 +9,7 @@ attention, head sizes a quantized cache cannot hold, memory).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from homelab.errors import EngineError
 from homelab.llamacpp._lib import Closing, lib
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.ggml_types import ggml_type_id
-from homelab.llamacpp.lane import decode_on_lane
+from homelab.llamacpp.lane import decode_on_lane, on_lane
 from homelab.llamacpp.log import capture_log, is_memory_failure, joined, problem_lines
 from homelab.llamacpp.memory import SequenceMemory
 from homelab.llamacpp.model import Model
@@ -142,6 +143,15 @@ class Context(Closing):
         A failed call may leave part of the batch in the memory; the caller rolls back.
         """
         return decode_on_lane(self._lib.llama_decode, self.pointer, batch.c_batch)
+
+    def decoder(self, batch: Batch) -> Callable[[], int]:
+        """``decode(batch)`` bound once, for a caller that decodes the same batch object step
+        after step on the lane (an engine's steady steps): a call of the C function itself,
+        without a Python call in between (the batch's contents are read at each call). Off
+        the lane, the plain ``decode`` (handed to the lane)."""
+        if not on_lane():
+            return functools.partial(self.decode, batch)
+        return functools.partial(self._lib.llama_decode, self.pointer, batch.c_batch)
 
     def logits_row(self, row: int) -> np.ndarray:
         """The logits of one output row of the last decode (a view, valid until the next)."""

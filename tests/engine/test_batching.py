@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from engine_helpers import EngineFactory
+from engine_helpers import Decode, EngineFactory, wrap_decode
 
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenLogprob
 from homelab.engine.engine import Engine
@@ -111,13 +111,15 @@ def late_done(handle: RequestHandle) -> bool:
 def decoded_ids(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     """The sequence id of every row of every decode from now on, batch by batch."""
     seen: list[list[int]] = []
-    decode = Context.decode
 
-    def spy(context: Context, batch: Batch) -> int:
-        seen.append([batch.c_batch.seq_id[row][0] for row in range(batch.n_tokens)])
-        return decode(context, batch)
+    def wrapper(decode: Decode) -> Decode:
+        def spy(context: Context, batch: Batch) -> int:
+            seen.append([batch.c_batch.seq_id[row][0] for row in range(batch.n_tokens)])
+            return decode(context, batch)
 
-    monkeypatch.setattr(Context, "decode", spy)
+        return spy
+
+    wrap_decode(monkeypatch, wrapper)
     return seen
 
 

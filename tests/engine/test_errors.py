@@ -60,8 +60,15 @@ def test_a_llama_cpp_decode_failure_fails_only_that_request(make_engine: EngineF
     engine = make_engine(n_parallel=2)
     long = SamplingParams(temperature=0.0, max_tokens=60)
     reference = engine.submit(GenerationRequest("ref", "hello world", long)).collect()
-    healthy = engine.submit(GenerationRequest("a", "hello world", long))
-    doomed = engine.submit(GenerationRequest("b", "the model", long))
+    # queued between two steps, so they start together, as the reference started alone (one
+    # a step ahead would read its prompt in a batch of another size: other rounding, and a
+    # random-weight model's greedy text may part from the reference's tens of tokens later)
+    healthy, doomed = engine.run_on_engine_thread(
+        lambda: (
+            engine.submit(GenerationRequest("a", "hello world", long)),
+            engine.submit(GenerationRequest("b", "the model", long)),
+        )
+    ).result(10)
     next(healthy)
     next(doomed)
     doomed_seq = next(s.seq_id for s in engine.slot_states() if s.tenant == "b")

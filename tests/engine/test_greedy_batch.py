@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from engine_helpers import EngineFactory
+from engine_helpers import Decode, EngineFactory, wrap_decode
 
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
@@ -80,17 +80,19 @@ def test_one_argmax_for_the_batch_picks_what_each_sampler_would(
 def wants_to_end(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """After each decode, the end-of-generation tokens lead every output row by far: random
     weights never pick them, a real model at the end of its answer does."""
-    real_decode = Context.decode
 
-    def decode(self: Context, batch: Batch) -> int:
-        status = real_decode(self, batch)
-        n_outputs = sum(batch.c_batch.logits[row] for row in range(batch.n_tokens))
-        if status == 0 and n_outputs:
-            logits = self.all_logits(n_outputs)
-            logits[:, EOG_IDS] = logits.max(axis=1, keepdims=True) + 50.0
-        return status
+    def wrapper(real_decode: Decode) -> Decode:
+        def decode(self: Context, batch: Batch) -> int:
+            status = real_decode(self, batch)
+            n_outputs = sum(batch.c_batch.logits[row] for row in range(batch.n_tokens))
+            if status == 0 and n_outputs:
+                logits = self.all_logits(n_outputs)
+                logits[:, EOG_IDS] = logits.max(axis=1, keepdims=True) + 50.0
+            return status
 
-    monkeypatch.setattr(Context, "decode", decode)
+        return decode
+
+    wrap_decode(monkeypatch, wrapper)
     yield
 
 

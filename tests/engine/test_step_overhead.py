@@ -10,7 +10,7 @@ generates, on a real engine and a generated tiny model:
   ran at 0.65x the speed. Counted as decodes handed to the lane from another thread, and as
   the lane thread's voluntary context switches (it blocks once per step with a hand-off);
 - **Python calls per token** on the lane (sys.setprofile, the calls of every step and of the
-  C functions they call): 25 today at one stream, 11 a token at eight; the budgets are
+  C functions they call): 17 today at one stream, 8 a token at eight; the budgets are
   twice that.
 """
 
@@ -34,13 +34,13 @@ from homelab.engine.scheduler import RequestHandle
 from homelab.llamacpp import lane
 
 N_TOKENS = 256
-CALLS_PER_TOKEN_BUDGET = 50  # measured 25 (greedy, one stream, tiny model; 44 before a
-# generating step went on to the next without the lane and a text token took one branch of
-# _emit; 89-90 before
+CALLS_PER_TOKEN_BUDGET = 35  # measured 17 (greedy, one stream, tiny model; 44 before a
+# generating step went on to the next without the lane and a greedy text token was handed
+# over in the step's own loop; 89-90 before
 # the meter summed steps per time bucket and occupancy was read at snapshot time, 66 before
 # the lane stopped locking when nothing was new and an engine's decode became a direct call,
 # 55 before a step in which every sequence generates took a shortcut of its own)
-CALLS_PER_SEQUENCE_TOKEN_BUDGET = 22  # measured 11 at eight sequences (17 before)
+CALLS_PER_SEQUENCE_TOKEN_BUDGET = 16  # measured 8 at eight sequences (17 before)
 SWITCHES_PER_TOKEN_LIMIT = 0.25  # measured 0.004; a hand-off per step gives about 1
 
 
