@@ -731,9 +731,9 @@ class Scheduler:
         if all(job.chain.plain_greedy for job in jobs):
             self._generate_greedy(jobs, batch)
             return
-        n_jobs = len(jobs)
+        decode, n_jobs = self._context.decoder(batch), len(jobs)
         while True:
-            status = self._context.decode(batch)
+            status = decode()
             if status != 0:
                 self._after_status([self._decode_part(job) for job in jobs], status)
                 return
@@ -991,7 +991,7 @@ class Scheduler:
         for job in jobs:
             row = job.batch_index
             try:
-                if self._before_min_tokens(job):
+                if job.clock.completion_tokens < job.min_tokens:  # _before_min_tokens, inline
                     self._ban_eog(row)
                 if profile is None:
                     token = job.chain.sample(context, row)
