@@ -160,7 +160,14 @@ def add_plan_flags(parser: argparse.ArgumentParser) -> None:
         help="keep the experts of the first N blocks on the CPU",
     )
     group.add_argument("--n-ubatch", type=int, metavar="N", help="fix the micro-batch size")
-    group.add_argument("--no-flash-attn", action="store_true", help="plan without flash attention")
+    flash = group.add_mutually_exclusive_group()
+    flash.add_argument(
+        "--flash-attn",
+        action="store_true",
+        help="plan with flash attention (the default where layers are on a GPU; on the CPU it "
+        "reads prompts faster but decodes slower as the context fills)",
+    )
+    flash.add_argument("--no-flash-attn", action="store_true", help="plan without flash attention")
     group.add_argument(
         "--rpc",
         metavar="HOST:PORT[,...]",
@@ -236,7 +243,7 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         quant=args.quant,
         n_gpu_layers=args.n_gpu_layers,
         n_cpu_moe=args.n_cpu_moe,
-        flash_attn=False if args.no_flash_attn else None,
+        flash_attn=False if args.no_flash_attn else True if args.flash_attn else None,
         n_ubatch=positive(args.n_ubatch, "--n-ubatch"),
         split_mode=args.split_mode,
         main_gpu=args.main_gpu,

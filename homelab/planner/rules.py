@@ -70,6 +70,19 @@ def flash_attn_problem(model: ModelInfo, hardware: Hardware) -> str | None:
     return f"CUDA has no flash-attention kernel for head size {k}/{v}"
 
 
+def wants_flash_attn(model: ModelInfo, hardware: Hardware, pair: KvPair, on_cpu: bool) -> bool:
+    """Flash attention, when the user leaves it open. With layers on a GPU: on wherever CUDA
+    has the kernel (smaller compute buffers, and a quantized V needs it). With every layer
+    on the CPU (``on_cpu``): only for a quantized V, which needs it — llama.cpp's CPU kernel
+    decodes slowly once the cache fills: measured with llama-bench (2 threads, this
+    project's demo models), tokens/s at a depth of 1,024 cells were 0.4-0.6x of the same
+    without it (124M Q8_0: 62 vs 103; at 4,096: 26 vs 65), while prompts were read 1.1-1.3x
+    faster with it (benchmarks/RESULTS.md)."""
+    if on_cpu:
+        return is_quantized(pair[1])
+    return flash_attn_problem(model, hardware) is None
+
+
 def _wide_gqa_ok(model: ModelInfo, k: int, v: int) -> bool:
     """DeepSeek-style 192/128 and 320/256 heads run only with large GQA ratios."""
     n_head_kv = max(model.n_head_kv) or 1

@@ -37,10 +37,10 @@ from homelab.planner.projector import ProjectorCost, projector_settings
 from homelab.planner.rules import (
     DEFAULT_KV_PAIRS,
     KvPair,
-    flash_attn_problem,
     kv_label,
     kv_pair_problem,
     kv_quality,
+    wants_flash_attn,
 )
 from homelab.settings import Settings
 from homelab.units import format_gib
@@ -143,25 +143,28 @@ class Search:
 
     # --- settings ----------------------------------------------------------------------
 
-    def flash_attn(self, memory: MemoryModel) -> bool:
+    def flash_attn(self, memory: MemoryModel, pair: KvPair) -> bool:
         if self.request.flash_attn is not None:
             return self.request.flash_attn
-        return flash_attn_problem(memory.model, self.hardware) is None
+        on_cpu = not self.hardware.has_gpu or self.request.n_gpu_layers == 0
+        return wants_flash_attn(memory.model, self.hardware, pair, on_cpu)
 
     def pairs(self, memory: MemoryModel) -> list[KvPair]:
         """The KV pairs allowed for this model, best first."""
         if self.request.kv is not None:
             problem = kv_pair_problem(
-                memory.model, self.hardware, self.request.kv, self.flash_attn(memory)
+                memory.model,
+                self.hardware,
+                self.request.kv,
+                self.flash_attn(memory, self.request.kv),
             )
             if problem:
                 raise PlanError(f"--kv {kv_label(self.request.kv)} cannot be used: {problem}.")
             return [self.request.kv]
-        flash = self.flash_attn(memory)
         allowed = [
             p
             for p in DEFAULT_KV_PAIRS
-            if not kv_pair_problem(memory.model, self.hardware, p, flash)
+            if not kv_pair_problem(memory.model, self.hardware, p, self.flash_attn(memory, p))
         ]
         return sorted(allowed, key=kv_quality, reverse=True)
 
@@ -183,7 +186,7 @@ class Search:
             n_parallel=n_parallel,
             type_k=pair[0],
             type_v=pair[1],
-            flash_attn=self.flash_attn(memory),
+            flash_attn=self.flash_attn(memory, pair),
             n_gpu_layers=n_gpu_layers,
             n_cpu_moe=self.request.n_cpu_moe or 0,
             n_ubatch=n_ubatch,

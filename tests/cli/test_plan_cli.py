@@ -130,3 +130,25 @@ def test_run_and_serve_plan_their_file_with_the_shared_flags(
     assert settings.n_ctx_per_slot >= 2048 and settings.flash_attn
     planned = plan_model(ref.variants(), flags.hardware(args), flags.plan_request(args))
     assert planned.settings.quant == "F16"  # `homelab plan` may pick the sibling
+
+
+def test_flash_attention_on_the_cpu_is_off_unless_asked_or_needed(
+    capsys: pytest.CaptureFixture[str], demo_model: Callable[..., Path]
+) -> None:
+    """Every layer on the CPU, a real file (dry run included): off for an f16 cache, on when
+    asked (``--flash-attn``) or for a quantized V; the two flags together are refused."""
+    path = str(demo_model("llama", "bench"))
+    for extra, expected in (
+        ((), False),
+        (("--flash-attn",), True),
+        (("--kv", "q8_0"), True),
+        (("--no-flash-attn",), False),
+    ):
+        flags = ("--ram", "4GiB", "--n-gpu-layers", "0", "--kv", "f16", *extra, "--json")
+        code, out, _ = run_cli(capsys, path, *flags)
+        document = json.loads(out)
+        assert code == 0 and document["settings"]["flash_attn"] is expected, extra
+        assert document["verified"]["method"] == "dry-run"
+    with pytest.raises(SystemExit):
+        main(["plan", path, "--flash-attn", "--no-flash-attn"])
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -203,6 +203,25 @@ def test_cpu_only_plans_put_everything_on_the_cpu() -> None:
     assert result.fits
 
 
+def test_on_the_cpu_flash_attention_is_off_unless_the_v_cache_is_quantized() -> None:
+    """llama.cpp's CPU flash-attention kernel decodes at 0.4-0.6x the speed once the cache
+    fills (benchmarks/RESULTS.md): a CPU-only plan keeps it for a quantized V alone."""
+    cpu = cpu_hardware(16)
+    plain = plan("llama-3.1-8b", cpu, quant="Q4_K_M", kv=("f16", "f16"))
+    assert plain.settings.flash_attn is False
+    assert any("flash attention off: every layer is on the CPU" in r for r in plain.reasons)
+    quantized = plan("llama-3.1-8b", cpu, quant="Q4_K_M", kv=("q8_0", "q8_0"))
+    assert quantized.settings.flash_attn is True
+    asked = plan("llama-3.1-8b", cpu, quant="Q4_K_M", kv=("f16", "f16"), flash_attn=True)
+    assert asked.settings.flash_attn is True
+    chosen = plan("llama-3.1-8b", cpu, quant="Q4_K_M")  # the planner's own K/V choice
+    assert chosen.settings.flash_attn == (chosen.settings.type_v != "f16")
+    on_gpu = plan("llama-3.1-8b", profile_hardware(), kv=("f16", "f16"))
+    assert on_gpu.settings.flash_attn is True and on_gpu.settings.n_gpu_layers > 0
+    no_layers = plan("llama-3.1-8b", profile_hardware(), kv=("f16", "f16"), n_gpu_layers=0)
+    assert no_layers.settings.flash_attn is False
+
+
 def test_sliding_window_models_plan_with_swa_full_off() -> None:
     result = plan("gemma-3-12b", profile_hardware("rtx-4090"))
     assert result.settings.swa_full is False
