@@ -27,7 +27,11 @@ def main() -> int:
     hardware = with_workers(resolve_hardware(), endpoints, budget)
     split_mode = sys.argv[5] if len(sys.argv) > 5 else "layer"
     main_gpu = int(sys.argv[6]) if len(sys.argv) > 6 else 0
-    request = PlanRequest(ctx=256, parallel=1, split_mode=split_mode, main_gpu=main_gpu)
+    # flash attention fixed: the planner's own choice differs with every layer on the CPU
+    # (off) and on devices (on), and the local text is compared with the split one
+    request = PlanRequest(
+        ctx=256, parallel=1, split_mode=split_mode, main_gpu=main_gpu, flash_attn=True
+    )
     engine, plan = open_engine(resolve(str(Path(path))), request, hardware)
     try:
         sampling = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

@@ -33,8 +33,10 @@ from homelab.server.runner import ServerHandle, start_server
 from homelab.units import GIB
 
 ARCHS = ("llama", "qwen3", "gemma3")
-PLAN_FLAGS = ["--goal", "quality", "--ctx", "1024", "--parallel", "2"]
-REQUEST = PlanRequest(goal="quality", ctx=1024, parallel=2)
+# the micro-batch fixed: without flash attention (every layer on the CPU) a smaller one
+# shrinks the compute buffer, and a model squeezed in beside two others would evict nobody
+PLAN_FLAGS = ["--goal", "quality", "--ctx", "1024", "--parallel", "2", "--n-ubatch", "512"]
+REQUEST = PlanRequest(goal="quality", ctx=1024, parallel=2, n_ubatch=512)
 PROMPT = [{"role": "user", "content": "Tell me about the sea."}]
 
 
