@@ -22,8 +22,9 @@ HTTP connections are kept across rounds, as a long-running client would.
 Reported per concurrency and workload, for both servers side by side: the first round, the
 median and the worst of the later rounds (aggregate completion tok/s: all tokens / wall time
 from the first request sent to the last byte received, prefill included), the server
-process's CPU seconds per generated token (all its threads, from /proc), and TTFT p50 for the
-streaming workloads. The target: ours ≥ 0.9x llama-server in the first round and in the median
+process's CPU seconds per generated token (all its threads, from /proc), the part of it spent
+outside the decoding threads (the event loop, or llama-server's HTTP threads), and TTFT p50 for
+the streaming workloads. The target: ours ≥ 0.9x llama-server in the first round and in the median
 of the later ones, at every concurrency, streaming and not. A harness, not a test: nothing
 asserts.
 """
@@ -98,6 +99,7 @@ class Round:
     tokens: int
     wall_s: float
     cpu_s: float  # the server process's CPU time during the round
+    serving_cpu_s: float  # ... of its threads but the decode team (see serving_cpu_s)
     idle_before: float  # share of idle CPU when the round started
     ttft_s: tuple[float, ...]  # streaming only: time to the first text of each request
     latency_s: tuple[float, ...]  # time to the end of each request
@@ -126,6 +128,10 @@ class Series:
     @property
     def cpu_per_token_ms(self) -> float:
         return 1000 * statistics.median(r.cpu_s / max(r.tokens, 1) for r in self.rounds)
+
+    @property
+    def serving_cpu_per_token_us(self) -> float:
+        return 1e6 * statistics.median(r.serving_cpu_s / max(r.tokens, 1) for r in self.rounds)
 
     @property
     def ttft_p50(self) -> float | None:
@@ -238,6 +244,27 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of a process (Linux /proc/PID/task)."""
+    seconds: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # the thread has ended
+            continue
+        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return seconds
+
+
+def serving_cpu_s(before: dict[int, float], after: dict[int, float], n_decode: int) -> float:
+    """CPU seconds of the threads that do not decode: all but the ``n_decode`` busiest of the
+    round (llama.cpp's OpenMP team — homelab's compute lane and its workers, llama-server's
+    slot thread and its workers: they spin at ggml's barriers, so they are the busiest).
+    What is left is each server's own serving: the event loop, or the HTTP threads."""
+    used = sorted((after[tid] - before.get(tid, 0.0) for tid in after), reverse=True)
+    return sum(used[n_decode:])
+
+
 def process_rss_bytes(pid: int) -> int:
     return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE_BYTES
 
@@ -306,17 +333,19 @@ async def one_round(
 ) -> Round:
     idle = await asyncio.to_thread(wait_for_quiet, config.min_idle, config.max_wait_s, _quiet)
     bodies = [request_body(config, workload, round_index, i) for i in range(clients)]
-    cpu_before = process_cpu_s(server.pid)
+    cpu_before, threads_before = process_cpu_s(server.pid), thread_cpu_s(server.pid)
     started = time.perf_counter()
     results = await asyncio.gather(*(one_request(client, body, started) for body in bodies))
     wall_s = max(ended for _, _, ended in results) - started
     cpu_s = process_cpu_s(server.pid) - cpu_before
+    serving_s = serving_cpu_s(threads_before, thread_cpu_s(server.pid), config.threads)
     tokens = sum(tokens for tokens, _, _ in results)
     return Round(
         tok_s=tokens / wall_s,
         tokens=tokens,
         wall_s=wall_s,
         cpu_s=cpu_s,
+        serving_cpu_s=serving_s,
         idle_before=idle,
         ttft_s=tuple(ttft for _, ttft, _ in results if ttft is not None),
         latency_s=tuple(ended - started for _, _, ended in results),
@@ -400,9 +429,9 @@ def markdown(config: ServerBenchConfig, results: Results) -> str:
     lines = [
         "| clients | workload | first round ours / llama-server | ratio | "
         "median later rounds ours / llama-server | ratio | worst later round ours / "
-        "llama-server | ratio | CPU ms per token ours / llama-server | TTFT p50 ours / "
-        "llama-server |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "llama-server | ratio | CPU ms per token ours / llama-server | serving threads µs "
+        "per token ours / llama-server | TTFT p50 ours / llama-server |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for clients in config.concurrency:
         for workload in config.workloads:
@@ -419,7 +448,9 @@ def markdown(config: ServerBenchConfig, results: Results) -> str:
                 f"| {ours.median:.1f} / {theirs.median:.1f} "
                 f"| {_ratio(ours.median, theirs.median)} "
                 f"| {ours.worst:.1f} / {theirs.worst:.1f} | {_ratio(ours.worst, theirs.worst)} "
-                f"| {ours.cpu_per_token_ms:.2f} / {theirs.cpu_per_token_ms:.2f} | {ttft} |"
+                f"| {ours.cpu_per_token_ms:.2f} / {theirs.cpu_per_token_ms:.2f} "
+                f"| {ours.serving_cpu_per_token_us:.0f} / {theirs.serving_cpu_per_token_us:.0f} "
+                f"| {ttft} |"
             )
     return "\n".join(lines)
 
