@@ -245,14 +245,15 @@ def process_cpu_s(pid: int) -> float:
 
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
-    """User + system CPU seconds of each thread of a process (Linux /proc/PID/task)."""
+    """CPU seconds of each thread of a process, to the nanosecond (Linux
+    /proc/PID/task/TID/schedstat: its first field is the time run on a CPU; the clock ticks
+    of ``stat`` are 10 ms, 39 µs a token over a 256-token request)."""
     seconds: dict[int, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            seconds[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
         except FileNotFoundError:  # the thread has ended
             continue
-        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return seconds
 
 
