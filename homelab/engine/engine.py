@@ -47,6 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from homelab.engine.amx_check import refuse_crashing_build
 from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
 from homelab.engine.image_prefill import (
@@ -191,6 +192,7 @@ class Engine(Closing):
         if speculation is not None:
             speculation.checked()
         info = read_model(model_path)
+        refuse_crashing_build(info.file_type)  # a build that would end the process at once
         loaded = load_model(model_path, settings, info=info, oom_ladder=on_oom_ladder)
         speculator = None
         try:

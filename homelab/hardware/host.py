@@ -26,6 +26,7 @@ class CpuInfo:
     usable_cores: int | None  # cores this process may run on (affinity / container cpuset)
     has_avx2: bool | None  # None: /proc/cpuinfo not readable, or not an x86 CPU
     avx512_flags: tuple[str, ...]  # e.g. ("avx512f", "avx512bw", ...); empty without AVX-512
+    has_amx: bool = False  # AMX tiles (Intel Sapphire Rapids and later): see engine/amx_check
 
     @property
     def has_avx512(self) -> bool:
@@ -54,6 +55,7 @@ def read_cpu(cpuinfo_text: str | None = None) -> CpuInfo:
         usable_cores=_usable_cores(),
         has_avx2=("avx2" in flags) if flags else None,
         avx512_flags=tuple(flag for flag in flags if flag.startswith("avx512")),
+        has_amx="amx_tile" in flags,
     )
 
 

@@ -8,6 +8,7 @@ it has the RPC backend (:mod:`.rpc`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from homelab.llamacpp._lib import EXPECTED_VERSION, LlamaCppUnavailable, lib
 from homelab.llamacpp.devices import devices
@@ -43,6 +44,14 @@ def build_facts() -> BuildFacts:
         system_info=text.strip(),
         rpc=has_rpc(),
     )
+
+
+def cpu_library_stamp() -> str:
+    """Which build of ggml's CPU backend is installed: its path, size and modification time
+    (a rebuilt llama-cpp-python has another), for verdicts kept per build."""
+    library = Path(str(lib().__file__)).parent / "lib" / "libggml-cpu.so"
+    stat = library.stat() if library.exists() else None
+    return f"{library}|{stat.st_size}|{stat.st_mtime_ns}" if stat else f"{library}|missing"
 
 
 def supports_gpu_offload() -> bool:
