@@ -32,27 +32,25 @@ UNQUANTIZED_FILE_TYPES = frozenset({"F32", "F16", "BF16"})  # no AMX path for th
 CANARY_MODEL = "demo:llama:tiny:Q8_0"
 CANARY_TIMEOUT_S = 300.0
 VERDICTS_FILE = "amx-canary.json"
-REBUILD_COMMAND = (
-    'CMAKE_ARGS="$(make -s cmake-args)" .venv/bin/pip install --force-reinstall --no-deps '
-    "--no-cache-dir llama-cpp-python==0.3.36"
-)
 OK, CRASHED, UNKNOWN = "ok", "crashed", "unknown"
 
 Canary = Callable[[], str]  # runs the child; OK, CRASHED or UNKNOWN
 
 
-def refuse_crashing_build(file_type: str, canary: Canary | None = None) -> None:
+def refuse_crashing_build(file_type: str) -> None:
     """Raise before a model of ``file_type`` (``Q8_0``, ``F16``...) loads when this build's
     AMX matrix multiply crashes on this CPU (checked once per build, see the module)."""
     if file_type.upper() in UNQUANTIZED_FILE_TYPES or not this_machine_at_risk():
         return
-    if verdict(canary or run_canary) == CRASHED:
+    if verdict(run_canary) == CRASHED:
+        from homelab.hardware.build import AMX_REBUILD_COMMAND
+
         raise EngineError(
             "this llama-cpp-python build crashes on quantized models on this CPU: it was "
             "compiled with llama.cpp's AMX matrix multiply, and a test process that read a "
             f"prompt with a {CANARY_MODEL} model was killed",
             hint="Rebuild llama-cpp-python without it, from the homelab checkout: "
-            f"{REBUILD_COMMAND} (F16 models run as they are).",
+            f"{AMX_REBUILD_COMMAND} (F16 models run as they are).",
         )
 
 

@@ -1074,7 +1074,8 @@ class Scheduler:
         seen them), no bytes pending, no stop strings or log-probabilities, not the end.
         They take the first branch — the rest of this method in one place, since every
         step pays for each Python call it makes (~10x its cost in a loop: the decode in
-        between leaves the CPU's caches cold). Not while the steps are profiled (the
+        between leaves the CPU's caches cold; ``_generate_greedy`` repeats this branch in
+        its own loop for that reason: change both). Not while the steps are profiled (the
         phases are timed in the long way)."""
         clock = job.clock
         n_tokens = clock.completion_tokens + 1

@@ -17,6 +17,13 @@ CUDA_REBUILD_COMMAND = (
     f"--no-cache-dir llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
 )
 
+# a build whose AMX matrix multiply crashes (engine/amx_check.py): the Makefile's flags leave it
+# out; run from the homelab checkout
+AMX_REBUILD_COMMAND = (
+    'CMAKE_ARGS="$(make -s cmake-args)" .venv/bin/pip install --force-reinstall --no-deps '
+    f"--no-cache-dir llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"
+)
+
 
 @dataclass(frozen=True)
 class BuildInfo:

@@ -630,11 +630,11 @@ def _offload_reason(choice: Choice, hardware: Hardware, request: PlanRequest) ->
 def _flash_reason(
     settings: Settings, request: PlanRequest, hardware: Hardware, memory: MemoryModel
 ) -> str:
-    from homelab.planner.rules import flash_attn_problem
+    from homelab.planner.rules import all_layers_on_cpu, flash_attn_problem
 
     if request.flash_attn is not None:
         return f"flash attention {'on' if settings.flash_attn else 'off'}: asked"
-    if not hardware.has_gpu or request.n_gpu_layers == 0:
+    if all_layers_on_cpu(hardware, request.n_gpu_layers):
         if settings.flash_attn:
             return "flash attention on: the quantized V cache needs it"
         return (

@@ -70,15 +70,22 @@ def flash_attn_problem(model: ModelInfo, hardware: Hardware) -> str | None:
     return f"CUDA has no flash-attention kernel for head size {k}/{v}"
 
 
-def wants_flash_attn(model: ModelInfo, hardware: Hardware, pair: KvPair, on_cpu: bool) -> bool:
+def all_layers_on_cpu(hardware: Hardware, n_gpu_layers: int | None) -> bool:
+    """Whether every layer runs on the CPU: no GPU, or ``--n-gpu-layers 0``."""
+    return not hardware.has_gpu or n_gpu_layers == 0
+
+
+def wants_flash_attn(
+    model: ModelInfo, hardware: Hardware, pair: KvPair, n_gpu_layers: int | None
+) -> bool:
     """Flash attention, when the user leaves it open. With layers on a GPU: on wherever CUDA
     has the kernel (smaller compute buffers, and a quantized V needs it). With every layer
-    on the CPU (``on_cpu``): only for a quantized V, which needs it — llama.cpp's CPU kernel
-    decodes slowly once the cache fills: measured with llama-bench (2 threads, this
-    project's demo models), tokens/s at a depth of 1,024 cells were 0.4-0.6x of the same
-    without it (124M Q8_0: 62 vs 103; at 4,096: 26 vs 65), while prompts were read 1.1-1.3x
-    faster with it (benchmarks/RESULTS.md)."""
-    if on_cpu:
+    on the CPU: only for a quantized V, which needs it — llama.cpp's CPU kernel decodes
+    slowly once the cache fills: measured with llama-bench (2 threads, this project's demo
+    models), tokens/s at a depth of 1,024 cells were 0.4-0.6x of the same without it (124M
+    Q8_0: 62 vs 103; at 4,096: 26 vs 65), while prompts were read 1.1-1.3x faster with it
+    (benchmarks/RESULTS.md)."""
+    if all_layers_on_cpu(hardware, n_gpu_layers):
         return is_quantized(pair[1])
     return flash_attn_problem(model, hardware) is None
 

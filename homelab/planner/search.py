@@ -146,8 +146,7 @@ class Search:
     def flash_attn(self, memory: MemoryModel, pair: KvPair) -> bool:
         if self.request.flash_attn is not None:
             return self.request.flash_attn
-        on_cpu = not self.hardware.has_gpu or self.request.n_gpu_layers == 0
-        return wants_flash_attn(memory.model, self.hardware, pair, on_cpu)
+        return wants_flash_attn(memory.model, self.hardware, pair, self.request.n_gpu_layers)
 
     def pairs(self, memory: MemoryModel) -> list[KvPair]:
         """The KV pairs allowed for this model, best first."""
