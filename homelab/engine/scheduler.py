@@ -146,8 +146,10 @@ class RequestHandle:
         self.finished = False  # set by the scheduler before it sends the FinishEvent
         self._consumed = False  # the FinishEvent has been handed to the consumer
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._async_wake: asyncio.Event | None = None
-        # the asyncio consumer is parked on `_async_wake` (set by it, cleared by `push`)
+        # the future an asyncio consumer is parked on, while it waits for an event (one per
+        # wait: an asyncio.Event's wait and set cost the loop ~8 more calls a token)
+        self._parked: asyncio.Future[None] | None = None
+        # the asyncio consumer is parked (set by it, cleared by `push`)
         self._async_waiting = False
         self._wake_at_finish = False  # park until the FinishEvent (whole-response readers)
         self._ended = threading.Event()  # the FinishEvent is queued (collect() waits for it)
@@ -188,8 +190,9 @@ class RequestHandle:
             self._loop = None
 
     def _set_async_wake(self) -> None:
-        if self._async_wake is not None:
-            self._async_wake.set()
+        parked = self._parked
+        if parked is not None and not parked.done():
+            parked.set_result(None)
 
     def _deliver(self, event: Event) -> Event:
         if isinstance(event, FinishEvent):
@@ -226,11 +229,17 @@ class RequestHandle:
 
     async def events(self) -> AsyncIterator[Event]:
         """The events in asyncio, each as it comes (the consumer's loop is woken for a token
-        only when it is parked waiting for one)."""
-        wake = self._async_wake_for(at_finish=False)
+        only when it is parked waiting for one). Per token, the loop's own work is what a
+        streaming response pays on top of its decode: an event already queued is taken
+        without a further call (tests/server/test_stream_overhead.py counts them)."""
+        self._start_async(at_finish=False)
+        queued = self._events
         try:
             while not self._consumed:
-                yield self._deliver(await self._next_async(wake))
+                event = queued.get_nowait() if not queued.empty() else await self._next_async()
+                if isinstance(event, FinishEvent):
+                    self._consumed = True
+                yield event
         finally:
             if not self._consumed:  # cancelled while waiting, closed, or abandoned
                 self.cancel()
@@ -240,11 +249,11 @@ class RequestHandle:
         the consumer's loop is woken once, at the end, for callers that answer with the
         whole response (woken per token, a non-streamed request would cost the loop a turn
         each; read one by one, a generator hop each)."""
-        wake = self._async_wake_for(at_finish=True)
+        self._start_async(at_finish=True)
         events: list[Event] = []
         try:
             while not self._consumed:
-                events.append(await self._next_async(wake))
+                events.append(await self._next_async())
                 while not isinstance(events[-1], FinishEvent):
                     try:
                         events.append(self._events.get_nowait())
@@ -256,30 +265,27 @@ class RequestHandle:
             if not self._consumed:  # cancelled while waiting
                 self.cancel()
 
-    def _async_wake_for(self, *, at_finish: bool) -> asyncio.Event:
+    def _start_async(self, *, at_finish: bool) -> None:
         self._wake_at_finish = at_finish
-        if self._async_wake is None:
-            self._async_wake = asyncio.Event()
+        if self._loop is None:
             self._loop = asyncio.get_running_loop()
-        return self._async_wake
 
-    async def _next_async(self, wake: asyncio.Event) -> Event:
-        while True:
+    async def _next_async(self) -> Event:
+        """The next event, parking on a fresh future while none is queued."""
+        queued = self._events
+        while queued.empty():
+            parked = self._parked = self._loop.create_future()  # type: ignore[union-attr]
+            self._async_waiting = True
+            # an event pushed before the flag was set is seen here; later ones wake us
+            if not queued.empty():
+                self._async_waiting = False
+                break
             try:
-                return self._events.get_nowait()
-            except queue.Empty:
-                wake.clear()
-                self._async_waiting = True
-            try:  # an event pushed before the flag was set is seen here; later ones wake us
-                event = self._events.get_nowait()
-            except queue.Empty:
-                try:
-                    await wake.wait()
-                finally:
-                    self._async_waiting = False
-                continue
-            self._async_waiting = False
-            return event
+                await parked
+            finally:
+                self._async_waiting = False
+                self._parked = None
+        return queued.get_nowait()
 
     def collect(self) -> Completion:
         """Block until the request ends; return its text, tokens and finish event. The

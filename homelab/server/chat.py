@@ -4,7 +4,8 @@ streamed as ``chat.completion.chunk`` events."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.responses import Response
@@ -37,7 +38,13 @@ from homelab.server.serving import (
     submit_choices,
     usage,
 )
-from homelab.server.streaming import DONE, EventStreamResponse, sse_error, sse_event
+from homelab.server.streaming import (
+    DONE,
+    EventStreamResponse,
+    sse_error,
+    sse_event,
+    text_events,
+)
 
 
 async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Response:
@@ -136,6 +143,8 @@ class _ChunkWriter:
         if req.include_usage():
             self._base["usage"] = None
         self.want_logprobs = req.logprobs
+        # (choice, "content" or "reasoning_content") -> its text-only chunks (text_events)
+        self._text_chunks: dict[tuple[int, str], Callable[[str], bytes]] = {}
 
     def chunk(
         self,
@@ -144,6 +153,26 @@ class _ChunkWriter:
         finish_reason: str | None = None,
         logprobs: list[Any] | None = None,
     ) -> bytes:
+        return sse_event(self._payload(index, delta, finish_reason, logprobs))
+
+    def text_chunk(self, index: int, key: str, text: str) -> bytes:
+        """``chunk(index, {key: text})``, its bytes around the text made once per choice."""
+        chunks = self._text_chunks.get((index, key))
+        if chunks is None:
+            delta_with = functools.partial(self._text_payload, index, key)
+            chunks = self._text_chunks[(index, key)] = text_events(delta_with)
+        return chunks(text)
+
+    def _text_payload(self, index: int, key: str, text: str) -> dict[str, Any]:
+        return self._payload(index, {key: text})
+
+    def _payload(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: list[Any] | None = None,
+    ) -> dict[str, Any]:
         choice = {
             "index": index,
             "delta": delta,
@@ -152,7 +181,7 @@ class _ChunkWriter:
             else None,
             "finish_reason": finish_reason,
         }
-        return sse_event({**self._base, "choices": [choice]})
+        return {**self._base, "choices": [choice]}
 
     def usage_chunk(self, totals: dict[str, Any]) -> bytes:
         return sse_event({**self._base, "choices": [], "usage": totals})
@@ -204,6 +233,10 @@ def _piece_chunks(
     for piece in pieces:
         if isinstance(piece, ToolCall):
             continue  # its start and arguments went out as the model wrote them
+        if logprobs is None and isinstance(piece, ContentDelta | ReasoningDelta):
+            key = "content" if isinstance(piece, ContentDelta) else "reasoning_content"
+            chunks.append(writer.text_chunk(index, key, piece.text))
+            continue
         delta = _piece_delta(piece)
         calls_sent[index] += isinstance(piece, ToolCallStart)
         chunks.append(writer.chunk(index, delta, logprobs=logprobs))

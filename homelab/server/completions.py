@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -30,7 +31,13 @@ from homelab.server.serving import (
     tokenize,
     usage,
 )
-from homelab.server.streaming import DONE, EventStreamResponse, sse_error, sse_event
+from homelab.server.streaming import (
+    DONE,
+    EventStreamResponse,
+    sse_error,
+    sse_event,
+    text_events,
+)
 
 
 async def text_completion(ctx: RequestContext, req: CompletionRequest) -> Response:
@@ -129,16 +136,24 @@ async def _stream(
         base["usage"] = None
     want_logprobs = req.logprobs is not None
 
-    def chunk(
+    def payload(
         index: int, text: str, finish_reason: str | None = None, logprobs: Any = None
-    ) -> bytes:
+    ) -> dict[str, Any]:
         choice = {
             "index": index,
             "text": text,
             "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
-        return sse_event({**base, "choices": [choice]})
+        return {**base, "choices": [choice]}
+
+    def chunk(
+        index: int, text: str, finish_reason: str | None = None, logprobs: Any = None
+    ) -> bytes:
+        return sse_event(payload(index, text, finish_reason, logprobs))
+
+    # a token's text alone (no log-probabilities): the chunk's bytes around it made once
+    text_chunks = [text_events(functools.partial(payload, state.index)) for state in states]
 
     completed = False
     try:
@@ -150,11 +165,12 @@ async def _stream(
             seen = len(state.logprobs)
             state.add(event)
             if isinstance(event, TokenEvent):
-                logprobs = (
-                    completion_logprobs(state, len(echoes[index]), seen) if want_logprobs else None
-                )
-                if event.text or logprobs:
-                    yield chunk(index, event.text, logprobs=logprobs)
+                if not want_logprobs:
+                    if event.text:
+                        yield text_chunks[index](event.text)
+                    continue
+                logprobs = completion_logprobs(state, len(echoes[index]), seen)
+                yield chunk(index, event.text, logprobs=logprobs)
                 continue
             yield chunk(index, "", finish_reason=check_finish(event).reason)
         if req.include_usage():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import anyio
@@ -30,6 +30,8 @@ MAX_RECEIVE_PAUSE_S = 0.5
 # compact JSON, UTF-8 as it is; one encoder for every event (``json.dumps`` with options
 # builds a new one per call: ~0.7 µs of the event loop's time per streamed token)
 _COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+# one string as that encoder writes it (ensure_ascii=False: UTF-8 kept, quotes and controls escaped)
+_json_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 def sse_event(payload: Mapping[str, Any], name: str | None = None) -> bytes:
@@ -39,6 +41,31 @@ def sse_event(payload: Mapping[str, Any], name: str | None = None) -> bytes:
     if name is None:
         return data + b"\n\n"
     return b"event: " + name.encode() + b"\n" + data + b"\n\n"
+
+
+# a string no payload holds: where a token's text goes in a payload split once (text_events)
+_TEXT_MARK = "\ue000homelab text\ue000"
+
+
+def text_events(
+    payload_with: Callable[[str], Mapping[str, Any]], name: str | None = None
+) -> Callable[[str], bytes]:
+    """``sse_event(payload_with(text), name)`` for the chunks of a stream that differ only in
+    one string (a token's text): the payload is encoded once with a mark in its place and
+    split there, and each event is the two halves around the text's JSON string — the same
+    bytes, without building and walking the payload for every token (a dozen calls fewer on
+    the event loop, per token). Falls back to encoding the payload when the mark is not
+    found exactly once."""
+    mark = _json_string(_TEXT_MARK).encode()
+    halves = sse_event(payload_with(_TEXT_MARK), name).split(mark)
+    if len(halves) != 2:
+        return lambda text: sse_event(payload_with(text), name)
+    head, tail = halves
+
+    def event(text: str) -> bytes:
+        return head + _json_string(text).encode() + tail
+
+    return event
 
 
 def sse_error(error: ApiError) -> bytes:
