@@ -103,6 +103,8 @@ class ReplyStream:
         self._markers = markers or {}
         self._stops = StopSequences(stops) if stops else None
         self.reasoning_tokens = 0
+        # nothing to parse or watch for: every token's text is content as it is
+        self.plain = self._splitter is None and self._tools is None and self._stops is None
 
     @property
     def stop_sequence(self) -> str | None:
@@ -110,6 +112,8 @@ class ReplyStream:
         return self._stops.matched if self._stops else None
 
     def feed(self, event: TokenEvent) -> list[StreamPiece]:
+        if self.plain:
+            return [*self.content(event)]
         if self.stop_sequence is not None:
             return []
         text = event.text or self._markers.get(event.token_id, "")
@@ -120,6 +124,12 @@ class ReplyStream:
         if was_reasoning or self._splitter.in_reasoning:
             self.reasoning_tokens += 1
         return self._answer(parts, final=False)
+
+    def content(self, event: TokenEvent) -> list[ContentDelta]:
+        """``feed`` of a plain stream (nothing to parse or watch for): the token's text as
+        content — what ``_answer`` would make of it, in fewer calls (once per token)."""
+        text = event.text or self._markers.get(event.token_id, "")
+        return [ContentDelta(text)] if text else []
 
     def finish(self) -> list[StreamPiece]:
         if self.stop_sequence is not None:
@@ -220,6 +230,11 @@ class ParsedChoice(ChoiceState):
         super().add(event)
         if isinstance(event, FinishEvent):
             self._keep(self.reply.finish())
+            return
+        if self.reply.plain:  # content alone, no stop sequence: _keep in fewer calls
+            pieces = self.reply.content(event)
+            self.streamed += pieces
+            self.output += pieces
             return
         stopped_before = self.reply.stop_sequence is not None
         self._keep(self.reply.feed(event))
