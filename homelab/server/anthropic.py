@@ -22,8 +22,9 @@ one that matched. Errors on these routes take Anthropic's envelope
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from starlette.responses import JSONResponse, Response
@@ -66,7 +67,7 @@ from homelab.server.serving import (
     submit_choices,
     usage,
 )
-from homelab.server.streaming import EventStreamResponse, sse_event
+from homelab.server.streaming import EventStreamResponse, sse_event, text_events
 
 __all__ = ["MAX_TOKENS_CEILING", "count_tokens", "create_message"]
 
@@ -302,18 +303,27 @@ class _Blocks:
         self.index = -1
         self.open: str | None = None  # "thinking" or "text"
         self.calls = 0
+        # the open block's text deltas, their bytes around the text made once (text_events)
+        self._text_deltas: tuple[int, Callable[[str], bytes]] | None = None
 
     def piece(self, piece: StreamPiece) -> list[bytes]:
         if isinstance(piece, ReasoningDelta):
             if not piece.text and self.open == "thinking":
                 return []  # thinking "omitted": one empty block
             start = {"type": "thinking", "thinking": "", "signature": ""}
-            delta = {"type": "thinking_delta", "thinking": piece.text}
-            return [*self._ensure("thinking", start), self._delta(delta)]
+            return [*self._ensure("thinking", start), self._text_delta(piece.text)]
         if isinstance(piece, ContentDelta):
-            delta = {"type": "text_delta", "text": piece.text}
-            return [*self._ensure("text", {"type": "text", "text": ""}), self._delta(delta)]
+            start = {"type": "text", "text": ""}
+            return [*self._ensure("text", start), self._text_delta(piece.text)]
         return self._call(piece)
+
+    def _text_delta(self, text: str) -> bytes:
+        """The open block's delta of ``text`` (``thinking_delta`` or ``text_delta``)."""
+        if self._text_deltas is None or self._text_deltas[0] != self.index:
+            kind = "thinking" if self.open == "thinking" else "text"
+            delta_with = functools.partial(_text_delta_payload, self.index, kind)
+            self._text_deltas = (self.index, text_events(delta_with, "content_block_delta"))
+        return self._text_deltas[1](text)
 
     def _call(self, piece: ToolCallStart | ToolCallArgs | ToolCall) -> list[bytes]:
         """A tool_use block: opened when the call starts, its input streamed as
@@ -351,6 +361,11 @@ class _Blocks:
     def _delta(self, delta: dict[str, Any]) -> bytes:
         payload = {"type": "content_block_delta", "index": self.index, "delta": delta}
         return sse_event(payload, "content_block_delta")
+
+
+def _text_delta_payload(index: int, kind: str, text: str) -> dict[str, Any]:
+    delta = {"type": f"{kind}_delta", kind: text}
+    return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
 async def _events(
