@@ -69,6 +69,9 @@ class _Events:
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the message or reasoning item streaming
+        # its text so far, joined when it closes (+= on the item's string copied the whole
+        # text at every token: quadratic in a long reply)
+        self._open_text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}  # call index -> its function_call item
 
     def event(self, kind: str, **fields: Any) -> bytes:
@@ -83,7 +86,7 @@ class _Events:
         if self._open is None or self._open["type"] != item_type:
             chunks = [*self.close_open(), *self._open_item(item_type)]
         assert self._open is not None
-        self._open["content"][0]["text"] += delta
+        self._open_text.append(delta)
         extra: dict[str, Any] = {"logprobs": []} if item_type == "message" else {}
         chunks.append(
             self.event(
@@ -96,7 +99,7 @@ class _Events:
         make = message_item if item_type == "message" else reasoning_item
         item = make(new_id(TEXT_KINDS[item_type][0]), None, status="in_progress")
         self.items.append(item)
-        self._open = item
+        self._open, self._open_text = item, []
         added = self.event(
             "response.output_item.added", output_index=len(self.items) - 1, item=item
         )
@@ -112,6 +115,7 @@ class _Events:
         if item is None:
             return []
         where = self._where()
+        self._sync_open_text()
         self._open = None
         part = item["content"][0]
         item["status"] = "completed"
@@ -124,6 +128,15 @@ class _Events:
             self.event("response.content_part.done", **where, content_index=0, part=part),
             self.event("response.output_item.done", output_index=where["output_index"], item=item),
         ]
+
+    def current_items(self) -> list[dict[str, Any]]:
+        """The output items so far, the open one with its text up to now."""
+        self._sync_open_text()
+        return self.items
+
+    def _sync_open_text(self) -> None:
+        if self._open is not None:
+            self._open["content"][0]["text"] = "".join(self._open_text)
 
     def _where(self) -> dict[str, Any]:
         assert self._open is not None
@@ -227,7 +240,11 @@ async def response_events(
         code = error.code or error.type
         yield events.event("error", code=code, message=error.message, param=error.param)
         failed = response_object(
-            ctx, echo, "failed", events.items, error={"code": code, "message": error.message}
+            ctx,
+            echo,
+            "failed",
+            events.current_items(),
+            error={"code": code, "message": error.message},
         )
         yield events.event("response.failed", response=failed)
     finally:
