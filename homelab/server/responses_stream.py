@@ -21,7 +21,7 @@ function_call item with its arguments in one delta. An error after the stream st
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from homelab.server.engine_seam import HandleLike
@@ -54,7 +54,7 @@ from homelab.server.serving import (
     new_id,
     record,
 )
-from homelab.server.streaming import sse_event
+from homelab.server.streaming import numbered_text_events, sse_event
 
 TEXT_KINDS = {  # item type -> (id prefix, delta event, done event)
     "message": ("msg_", "response.output_text.delta", "response.output_text.done"),
@@ -72,6 +72,8 @@ class _Events:
         # its text so far, joined when it closes (+= on the item's string copied the whole
         # text at every token: quadratic in a long reply)
         self._open_text: list[str] = []
+        # its text deltas' events, their bytes around the number and text made once
+        self._open_deltas: Callable[[int, str], bytes] | None = None
         self._calls: dict[int, dict[str, Any]] = {}  # call index -> its function_call item
 
     def event(self, kind: str, **fields: Any) -> bytes:
@@ -87,19 +89,29 @@ class _Events:
             chunks = [*self.close_open(), *self._open_item(item_type)]
         assert self._open is not None
         self._open_text.append(delta)
-        extra: dict[str, Any] = {"logprobs": []} if item_type == "message" else {}
-        chunks.append(
-            self.event(
-                TEXT_KINDS[item_type][1], **self._where(), content_index=0, delta=delta, **extra
-            )
-        )
+        if self._open_deltas is None:
+            self._open_deltas = self._delta_events(item_type)
+        chunks.append(self._open_deltas(self.sequence, delta))
+        self.sequence += 1
         return chunks
+
+    def _delta_events(self, item_type: str) -> Callable[[int, str], bytes]:
+        """The open item's ``*.delta`` events: ``event(kind, ...)`` with the number and the
+        text in their places (``numbered_text_events``)."""
+        kind, where = TEXT_KINDS[item_type][1], self._where()
+        extra: dict[str, Any] = {"logprobs": []} if item_type == "message" else {}
+
+        def payload(number: Any, delta: str) -> dict[str, Any]:
+            fields = {**where, "content_index": 0, "delta": delta, **extra}
+            return {"type": kind, "sequence_number": number, **fields}
+
+        return numbered_text_events(payload, kind)
 
     def _open_item(self, item_type: str) -> list[bytes]:
         make = message_item if item_type == "message" else reasoning_item
         item = make(new_id(TEXT_KINDS[item_type][0]), None, status="in_progress")
         self.items.append(item)
-        self._open, self._open_text = item, []
+        self._open, self._open_text, self._open_deltas = item, [], None
         added = self.event(
             "response.output_item.added", output_index=len(self.items) - 1, item=item
         )

@@ -68,6 +68,28 @@ def text_events(
     return event
 
 
+_NUMBER_MARK = "\ue000homelab number\ue000"
+
+
+def numbered_text_events(
+    payload_with: Callable[[Any, str], Mapping[str, Any]], name: str | None = None
+) -> Callable[[int, str], bytes]:
+    """:func:`text_events` for chunks that also carry a running number before their text
+    (the Responses API's ``sequence_number``): ``event(number, text)`` is
+    ``sse_event(payload_with(number, text), name)``, made from three pieces split once."""
+    number_mark, text_mark = _json_string(_NUMBER_MARK).encode(), _json_string(_TEXT_MARK).encode()
+    head, *rest = sse_event(payload_with(_NUMBER_MARK, _TEXT_MARK), name).split(number_mark)
+    pieces = [head, *rest[0].split(text_mark)] if len(rest) == 1 else []
+    if len(pieces) != 3 or text_mark in head:
+        return lambda number, text: sse_event(payload_with(number, text), name)
+    head, middle, tail = pieces
+
+    def event(number: int, text: str) -> bytes:
+        return head + str(number).encode() + middle + _json_string(text).encode() + tail
+
+    return event
+
+
 def sse_error(error: ApiError) -> bytes:
     return sse_event(error.envelope())
 

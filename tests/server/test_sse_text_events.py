@@ -1,5 +1,6 @@
-"""``text_events``: a stream's text-only chunks made by splitting the payload once around its
-text must be byte for byte what encoding each payload gives (``sse_event``)."""
+"""``text_events`` and ``numbered_text_events``: a stream's text-only chunks made by splitting
+the payload once around its text (and running number) must be byte for byte what encoding each
+payload gives (``sse_event``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from homelab.server.streaming import sse_event, text_events
+from homelab.server.streaming import numbered_text_events, sse_event, text_events
 
 TEXTS = [
     "",
@@ -42,3 +43,29 @@ def test_a_payload_holding_the_mark_elsewhere_is_encoded_whole() -> None:
     event = text_events(lambda t: completion_payload(model, t))
     for text in ("a", "b c"):
         assert event(text) == sse_event(completion_payload(model, text))
+
+
+def delta_payload(number: object, text: str) -> dict[str, Any]:
+    return {
+        "type": "response.output_text.delta",
+        "sequence_number": number,
+        "item_id": "msg_1",
+        "delta": text,
+        "logprobs": [],
+    }
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("number", [0, 7, 123456789])
+def test_a_numbered_event_is_the_same_bytes_too(text: str, number: int) -> None:
+    event = numbered_text_events(delta_payload, "response.output_text.delta")
+    expected = sse_event(delta_payload(number, text), "response.output_text.delta")
+    assert event(number, text) == expected
+
+
+def test_a_numbered_payload_without_its_marks_in_order_is_encoded_whole() -> None:
+    def text_first(number: object, text: str) -> dict[str, Any]:
+        return {"delta": text, "sequence_number": number}
+
+    event = numbered_text_events(text_first)
+    assert event(3, "a") == sse_event({"delta": "a", "sequence_number": 3})

@@ -28,10 +28,10 @@ from homelab.server.runner import ServerHandle
 NO_END = {"2": -100, "4": -100}  # ban </s> and <|im_end|>: every answer runs to max_tokens
 SHORT_TOKENS, LONG_TOKENS = 40, 240
 # per streamed token, measured (completions / chat / anthropic / responses): 34-37 / 46-48 /
-# 44-47 / 50-51 here; 43-47 / 70-72 / 51 / - before the chunk was split once around its text
-# (streaming.text_events), a queued event was taken without a call, a reader parked on a
-# bare future (not an asyncio.Event) and a reply with nothing to parse took its tokens as
-# content at once (ReplyStream.content)
+# 44-49 / 48 here; 43-47 / 70-72 / 51 / 50-51 before the chunk was split once around its
+# text (streaming.text_events, numbered_text_events), a queued event was taken without a
+# call, a reader parked on a bare future (not an asyncio.Event) and a reply with nothing to
+# parse took its tokens as content at once (ReplyStream.content)
 CALLS_PER_TOKEN_BUDGET = {"completions": 70, "chat": 95, "anthropic": 90, "responses": 100}
 
 
