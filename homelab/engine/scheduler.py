@@ -98,17 +98,21 @@ class LoopWakes:
         # the thread running a step (its pushes are gathered), else 0: a push from any other
         # thread (a failure declared while the lane is stuck) wakes its reader at once
         self.gathering_thread = 0
-        self._by_loop: dict[asyncio.AbstractEventLoop, list[RequestHandle]] = {}
+        # the readers gathered since the last wake, by event loop (empty: nobody to wake)
+        self.gathered: dict[asyncio.AbstractEventLoop, list[RequestHandle]] = {}
 
     def add(self, loop: asyncio.AbstractEventLoop, handle: RequestHandle) -> None:
-        self._by_loop.setdefault(loop, []).append(handle)
+        self.gathered.setdefault(loop, []).append(handle)
 
     def flush(self) -> None:
         """Stop gathering and wake every reader gathered."""
         self.gathering_thread = 0
-        if not self._by_loop:
-            return
-        by_loop, self._by_loop = self._by_loop, {}
+        if self.gathered:
+            self.wake_gathered()
+
+    def wake_gathered(self) -> None:
+        """Wake every reader gathered so far; gathering goes on (steady steps)."""
+        by_loop, self.gathered = self.gathered, {}
         for loop, handles in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_wake_all, handles)
@@ -759,7 +763,7 @@ class Scheduler:
         logits picks every token (see ``_sample_greedy_batch``), and a pick that is plain text
         (the first branch of ``_emit``) is handed over right here. Everything a step reads is
         bound before the first one: each Python call a step makes costs ~10x its cost in a
-        loop (the decode in between leaves the caches cold; 17 calls a token at one stream,
+        loop (the decode in between leaves the caches cold; 16 calls a token at one stream,
         counted by tests/engine/test_step_overhead.py)."""
         decode = self._context.decoder(batch)
         logits_of, n_jobs = self._context.output_logits, len(jobs)
@@ -814,10 +818,11 @@ class Scheduler:
         """After a generating step: whether the same ``n_jobs`` sequences step again at once
         — none has finished (no slot freed for a waiting request), nothing came in (a
         request, a cancellation, a call, closing), no metrics are due and the lane has no
-        other resident or work (``lane.alone``). The step's readers are woken either way."""
-        wakes = self.wakes
-        wakes.flush()
-        if (
+        other resident or work (``lane.alone``). The step's readers are woken either way;
+        gathering goes on until the lane's step ends (``run_once`` flushes)."""
+        if self.wakes.gathered:
+            self.wakes.wake_gathered()
+        return not (
             len(self._decoding) != n_jobs
             or self._incoming
             or self._cancel_noted
@@ -826,10 +831,7 @@ class Scheduler:
             or self.failure is not None
             or now >= self._meter.earliest_due
             or not lane.alone(self)
-        ):
-            return False
-        wakes.gathering_thread = threading.get_ident()
-        return True
+        )
 
     @staticmethod
     def _decode_part(job: Job) -> _Part:

@@ -10,7 +10,7 @@ generates, on a real engine and a generated tiny model:
   ran at 0.65x the speed. Counted as decodes handed to the lane from another thread, and as
   the lane thread's voluntary context switches (it blocks once per step with a hand-off);
 - **Python calls per token** on the lane (sys.setprofile, the calls of every step and of the
-  C functions they call): 17 today at one stream, 8 a token at eight; the budgets are
+  C functions they call): 16 today at one stream, 8 a token at eight; the budgets are
   twice that.
 """
 
@@ -34,7 +34,8 @@ from homelab.engine.scheduler import RequestHandle
 from homelab.llamacpp import lane
 
 N_TOKENS = 256
-CALLS_PER_TOKEN_BUDGET = 35  # measured 17 (greedy, one stream, tiny model; 44 before a
+CALLS_PER_TOKEN_BUDGET = 35  # measured 16 (greedy, one stream, tiny model; 18 before a
+# steady step stopped flushing the wakes when none were gathered, 44 before a
 # generating step went on to the next without the lane and a greedy text token was handed
 # over in the step's own loop; 89-90 before
 # the meter summed steps per time bucket and occupancy was read at snapshot time, 66 before
