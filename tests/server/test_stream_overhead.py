@@ -74,6 +74,9 @@ def counter(server: ServerHandle) -> Iterator[LoopCallCounter]:
     counting = LoopCallCounter()
     unsubscribe = server.subscribe(counting.on_record)
     yield counting
+    off = counting.arm("/health", False)  # never leave the shared server's loop profiled
+    httpx.get(f"{server.url}/health", timeout=10)
+    assert off.wait(10)
     unsubscribe()
 
 
