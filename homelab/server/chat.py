@@ -4,7 +4,6 @@ streamed as ``chat.completion.chunk`` events."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -159,12 +158,9 @@ class _ChunkWriter:
         """``chunk(index, {key: text})``, its bytes around the text made once per choice."""
         chunks = self._text_chunks.get((index, key))
         if chunks is None:
-            delta_with = functools.partial(self._text_payload, index, key)
-            chunks = self._text_chunks[(index, key)] = text_events(delta_with)
+            chunks = text_events(lambda text: self._payload(index, {key: text}))
+            self._text_chunks[(index, key)] = chunks
         return chunks(text)
-
-    def _text_payload(self, index: int, key: str, text: str) -> dict[str, Any]:
-        return self._payload(index, {key: text})
 
     def _payload(
         self,
