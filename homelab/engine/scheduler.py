@@ -730,8 +730,8 @@ class Scheduler:
         as building parts and handing them to ``_after_decode``, in fewer Python calls: at
         GPU step times (~0.3 ms on the tiny demo model here) they are what a token costs.
 
-        While nothing else happens (see ``_steady``) the same sequences step again at once,
-        without going back to the lane: the batch keeps its rows, only their tokens and
+        While nothing else happens (see ``_step_again``) the same sequences step again at
+        once, without going back to the lane: the batch keeps its rows, only their tokens and
         positions change."""
         jobs = tuple(self._decoding)
         batch = self._batch
@@ -751,12 +751,8 @@ class Scheduler:
                 job.slot.tokens.append(job.last_token)  # type: ignore[union-attr]
                 job.n_past += 1
             self._sample_each(jobs)
-            now = time.perf_counter()
-            self._meter.record_generating_step(now, n_jobs)
-            if not self._steady(n_jobs, now):
+            if not self._step_again(jobs, n_jobs, batch):
                 return
-            for job in jobs:
-                batch.advance(job.batch_index, job.last_token, job.n_past)
 
     def _generate_greedy(self, jobs: tuple[Job, ...], batch: Batch) -> None:
         """``_generate`` when every sequence samples plain greedy: one argmax over the step's
@@ -767,7 +763,7 @@ class Scheduler:
         counted by tests/engine/test_step_overhead.py)."""
         decode = self._context.decoder(batch)
         logits_of, n_jobs = self._context.output_logits, len(jobs)
-        eog, whole_texts, meter = self._eog, self._whole_texts, self._meter
+        eog, whole_texts = self._eog, self._whole_texts
         while True:
             status = decode()
             if status != 0:
@@ -793,12 +789,8 @@ class Scheduler:
                     job.last_token = token
                 else:
                     self._emit_pick(job, token, logits, index)
-            now = time.perf_counter()
-            meter.record_generating_step(now, n_jobs)
-            if not self._steady(n_jobs, now):
+            if not self._step_again(jobs, n_jobs, batch):
                 return
-            for job in jobs:
-                batch.advance(job.batch_index, job.last_token, job.n_past)
 
     def _emit_pick(self, job: Job, token: int, logits: np.ndarray | None, index: int) -> None:
         """A greedy pick that is not plain text: an end of generation (banned or not), a
@@ -814,15 +806,18 @@ class Scheduler:
             log.exception("sampling failed for request %s", job.handle.request_id)
             self._fail(job, f"sampling failed: {exc}")
 
-    def _steady(self, n_jobs: int, now: float) -> bool:
-        """After a generating step: whether the same ``n_jobs`` sequences step again at once
-        — none has finished (no slot freed for a waiting request), nothing came in (a
-        request, a cancellation, a call, closing), no metrics are due and the lane has no
-        other resident or work (``lane.alone``). The step's readers are woken either way;
-        gathering goes on until the lane's step ends (``run_once`` flushes)."""
+    def _step_again(self, jobs: tuple[Job, ...], n_jobs: int, batch: Batch) -> bool:
+        """After a generating step of ``jobs`` (``n_jobs`` of them): record it, wake its
+        readers, and say whether the same sequences step again at once — none has finished
+        (no slot freed for a waiting request), nothing came in (a request, a cancellation, a
+        call, closing), no metrics are due and the lane has no other resident or work
+        (``lane.alone``). If so their rows get their next token and position. Gathering
+        wakes goes on until the lane's step ends (``run_once`` flushes)."""
+        now = time.perf_counter()
+        self._meter.record_generating_step(now, n_jobs)
         if self.wakes.gathered:
             self.wakes.wake_gathered()
-        return not (
+        if (
             len(self._decoding) != n_jobs
             or self._incoming
             or self._cancel_noted
@@ -830,8 +825,12 @@ class Scheduler:
             or self._closing
             or self.failure is not None
             or now >= self._meter.earliest_due
-            or not lane.alone(self)
-        )
+            or not lane.alone(self, now)
+        ):
+            return False
+        for job in jobs:
+            batch.advance(job.batch_index, job.last_token, job.n_past)
+        return True
 
     @staticmethod
     def _decode_part(job: Job) -> _Part:

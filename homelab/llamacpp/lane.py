@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,10 @@ class ComputeLane:
         self._calls: deque[_Call] = deque()
         self._residents: list[Resident] = []
         self._stepping: tuple[Resident, ...] = ()  # _residents as the lane last took them
+        # the one resident that had work at the last round, every other waiting for a wake
+        # or a time (None: none or several), and the first of those times (perf_counter)
+        self._solo: Resident | None = None
+        self._solo_until = 0.0
         self._woken = False  # a wake() since the lane last looked for work
         self._thread: threading.Thread | None = None
         self._ident = 0  # the lane thread's ident once it runs (0: none yet, never a thread's)
@@ -131,26 +136,42 @@ class ComputeLane:
         self._ident = threading.get_ident()
         while self._thread is me:
             calls, residents = self._take_work()
-            wait_s = math.inf
             for index, call in enumerate(calls):
                 if self._thread is not me:  # replaced while a call was stuck: hand on the rest
                     self._give_back(calls[index:])
                     return
                 call.run()
-            for resident in residents:
-                if self._thread is not me:
-                    return
-                try:
-                    resident_wait_s = resident.run_once()
-                except Exception:  # a resident's bug must not stop the others
-                    log.exception("a compute-lane resident failed; it is dropped")
-                    resident_wait_s = None
-                if resident_wait_s is None:
-                    wait_s = self._drop(resident)
-                elif resident_wait_s < wait_s:
-                    wait_s = resident_wait_s
+            wait_s = self._step_residents(residents, me)
+            if wait_s is None:
+                return
             if not calls and wait_s > 0:
                 self._sleep(wait_s)
+
+    def _step_residents(
+        self, residents: tuple[Resident, ...], me: threading.Thread
+    ) -> float | None:
+        """One ``run_once`` of each resident; the seconds until one wants to run again (None:
+        this thread was replaced meanwhile). Notes which resident, if only one, has work."""
+        wait_s, busy, others_until = math.inf, [], math.inf
+        for resident in residents:
+            if self._thread is not me:
+                return None
+            try:
+                resident_wait_s = resident.run_once()
+            except Exception:  # a resident's bug must not stop the others
+                log.exception("a compute-lane resident failed; it is dropped")
+                resident_wait_s = None
+            if resident_wait_s is None:
+                wait_s = self._drop(resident)
+                continue
+            if resident_wait_s <= 0:
+                busy.append(resident)
+            elif resident_wait_s < math.inf:
+                others_until = min(others_until, time.perf_counter() + resident_wait_s)
+            wait_s = min(wait_s, resident_wait_s)
+        self._solo = busy[0] if len(busy) == 1 else None
+        self._solo_until = others_until
+        return wait_s
 
     def _give_back(self, calls: list[_Call]) -> None:
         with self._cv:
@@ -194,12 +215,14 @@ def decode_on_lane(decode: Callable[..., Any], *args: Any) -> int:
     return int(_LANE.run(lambda: decode(*args)))
 
 
-def alone(resident: Resident) -> bool:
+def alone(resident: Resident, now: float) -> bool:
     """Whether ``resident``, stepping on the lane, may take its next step at once without
-    going back to the lane: it is the lane's only resident and nobody has handed the lane a
-    call or a wake since it last looked. Read without the lock: a call or wake that comes
-    now is seen after the next step."""
-    return not _LANE._calls and not _LANE._woken and _LANE._stepping == (resident,)
+    going back to the lane: at the lane's last round it was the only resident with work (the
+    others, idle engines, wait for a wake or a time — ``now``, ``perf_counter``, is before
+    it), and nobody has handed the lane a call or a wake since. Read without the lock: a
+    call or wake that comes now is seen after the next step."""
+    lane = _LANE
+    return lane._solo is resident and now < lane._solo_until and not lane._calls and not lane._woken
 
 
 def run_on_lane(function: Callable[[], T]) -> T:

@@ -143,3 +143,22 @@ def test_metrics_subscribers_are_called_on_time_while_a_stream_generates(
     unsubscribe()
     # due every 50 ms: while the one stream generated (~0.5 s here), not only at its end
     assert busy.count(1) >= min(3, int(generating_s / 0.05) - 1), (busy, generating_s)
+
+
+def test_an_idle_engine_is_stepped_when_its_metrics_are_due_while_another_streams(
+    make_engine: Any,
+) -> None:
+    """The other engines being idle does not stop the steady steps (a fleet's second model,
+    an embedding model: tests/engine/test_step_overhead.py counts that), but an idle
+    engine whose metrics subscribers are due is stepped on time all the same."""
+    streaming, idle = make_engine(n_parallel=1, ctx_per_slot=2048), make_engine(n_parallel=1)
+    seen: list[float] = []
+    unsubscribe = idle.subscribe(lambda m: seen.append(time.perf_counter()), interval_s=0.05)
+    time.sleep(0.1)  # the lane has stepped the idle engine: it now waits for a time
+    handle = streaming.submit(GenerationRequest("long", "hello world", LONG))
+    started = time.perf_counter()
+    assert handle.collect().finish.stats.completion_tokens == 1500
+    ended = time.perf_counter()
+    unsubscribe()
+    during = [t for t in seen if started < t < ended]
+    assert len(during) >= min(3, int((ended - started) / 0.05) - 1), (len(during), ended - started)

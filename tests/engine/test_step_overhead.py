@@ -97,6 +97,18 @@ def test_python_calls_per_token_stay_within_budget(warm_engine: Engine) -> None:
     assert per_token < CALLS_PER_TOKEN_BUDGET, f"{per_token:.0f} Python calls per token"
 
 
+def test_an_idle_engine_beside_it_does_not_add_to_the_calls_per_token(
+    warm_engine: Engine, make_engine: EngineFactory
+) -> None:
+    """A second engine loaded and idle (a fleet's other model, an embedding model): the
+    generating one still steps again without going back to the lane (37 calls a token
+    when any other resident made it go back every step)."""
+    idle = make_engine(n_parallel=1)
+    generate(idle, "it ran once, and waits")
+    per_token = calls_per_token(warm_engine, 1)
+    assert per_token < CALLS_PER_TOKEN_BUDGET, f"{per_token:.0f} Python calls per token"
+
+
 def test_python_calls_per_token_of_eight_sequences_stay_within_budget(
     make_engine: EngineFactory,
 ) -> None:
