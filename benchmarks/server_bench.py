@@ -8,8 +8,10 @@ What a user sees after the first minute, not the best burst. For each concurrenc
 same model and llama.cpp settings (the ones ``homelab serve --ctx --parallel N --goal
 throughput --threads T`` plans, passed to llama-server as ``-c -np -t -fa -b -ub -ctk -ctv
 -kvu/-no-kvu``) and kept running for every round. Each round runs four workloads, N clients
-at once, each client one ``/v1/completions`` request of ``--max-tokens`` tokens (end of text
-banned, llama.cpp's default sampling):
+at once, each client ``/v1/completions`` requests of ``--max-tokens`` tokens one after another
+(end of text banned, llama.cpp's default sampling): one each, or as many as make
+``--min-requests`` a round (8: one client sends 8 in turn — a round of one ~0.1 s request
+read ±10% from request to request, more than the difference to be measured):
 
 - streaming or not (a non-streaming client waits for the whole answer, as most SDK calls do);
 - prompts that repeat every round (the server's prefix cache may serve them) or prompts seen
@@ -89,6 +91,10 @@ class ServerBenchConfig:
     max_wait_s: float = 20.0
     workloads: tuple[Workload, ...] = WORKLOADS
     prompt_cache: bool = True  # homelab serve's default; llama-server runs with -cram 0
+    min_requests: int = 8  # per round: each of N clients sends ceil(min_requests / N) in turn
+
+    def requests_per_client(self, clients: int) -> int:
+        return max(1, -(-self.min_requests // clients))
 
 
 @dataclass(frozen=True)
@@ -298,7 +304,7 @@ def request_body(
 async def one_request(
     client: httpx.AsyncClient, body: dict[str, Any], started: float
 ) -> tuple[int, float | None, float]:
-    """(completion tokens, TTFT or None, end time) of one completion."""
+    """(completion tokens, TTFT or None, end time) of one completion sent at ``started``."""
     if not body["stream"]:
         response = await client.post("/v1/completions", json=body)
         response.raise_for_status()
@@ -333,14 +339,19 @@ async def one_round(
     clients: int,
 ) -> Round:
     idle = await asyncio.to_thread(wait_for_quiet, config.min_idle, config.max_wait_s, _quiet)
-    bodies = [request_body(config, workload, round_index, i) for i in range(clients)]
+    per_client = config.requests_per_client(clients)
+    bodies = [
+        [request_body(config, workload, round_index, c + k * clients) for k in range(per_client)]
+        for c in range(clients)
+    ]
     cpu_before, threads_before = process_cpu_s(server.pid), thread_cpu_s(server.pid)
     started = time.perf_counter()
-    results = await asyncio.gather(*(one_request(client, body, started) for body in bodies))
-    wall_s = max(ended for _, _, ended in results) - started
+    per_task = await asyncio.gather(*(one_client(client, each) for each in bodies))
+    results = [result for task in per_task for result in task]
+    wall_s = max(ended for _, _, _, ended in results) - started
     cpu_s = process_cpu_s(server.pid) - cpu_before
     serving_s = serving_cpu_s(threads_before, thread_cpu_s(server.pid), config.threads)
-    tokens = sum(tokens for tokens, _, _ in results)
+    tokens = sum(tokens for tokens, _, _, _ in results)
     return Round(
         tok_s=tokens / wall_s,
         tokens=tokens,
@@ -348,9 +359,30 @@ async def one_round(
         cpu_s=cpu_s,
         serving_cpu_s=serving_s,
         idle_before=idle,
-        ttft_s=tuple(ttft for _, ttft, _ in results if ttft is not None),
-        latency_s=tuple(ended - started for _, _, ended in results),
+        ttft_s=tuple(ttft for _, ttft, _, _ in results if ttft is not None),
+        latency_s=tuple(ended - sent for _, ttft, sent, ended in results),
     )
+
+
+async def one_client(
+    client: httpx.AsyncClient, bodies: list[dict[str, Any]]
+) -> list[tuple[int, float | None, float, float]]:
+    """One client's requests, each sent when the one before has ended: (completion tokens,
+    TTFT or None, sent, ended) each. A request sent on a kept-alive connection that the
+    server closed as it went out (llama-server closes one after a few requests; it answers
+    nothing) is sent again on a new one, its time counted from the first try."""
+    results = []
+    for body in bodies:
+        sent = time.perf_counter()
+        for attempt in range(3):
+            try:
+                tokens, ttft, ended = await one_request(client, body, sent)
+                break
+            except httpx.RemoteProtocolError:
+                if attempt == 2:
+                    raise
+        results.append((tokens, ttft, sent, ended))
+    return results
 
 
 async def warm_up(client: httpx.AsyncClient, config: ServerBenchConfig) -> None:
@@ -382,7 +414,11 @@ def measure(config: ServerBenchConfig, log: Callable[[str], None]) -> Results:
             running(ours_command(config, clients, ours_port), ours_port) as ours,
             running(llama_server_command(config, settings, theirs_port), theirs_port) as theirs,
         ):
-            log(f"{clients} clients: {OURS} pid {ours.pid}, {THEIRS} pid {theirs.pid}")
+            per_client = config.requests_per_client(clients)
+            log(
+                f"{clients} clients, {per_client} request(s) each a round: "
+                f"{OURS} pid {ours.pid}, {THEIRS} pid {theirs.pid}"
+            )
             servers = {OURS: ours, THEIRS: theirs}
             asyncio.run(_rounds(config, clients, servers, results, log))
     return results
@@ -495,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ctx", type=int, default=512, help="context per slot (512)")
     parser.add_argument(
+        "--min-requests",
+        type=int,
+        default=8,
+        help="requests a round at least: fewer clients send several in turn (8)",
+    )
+    parser.add_argument(
         "--temperature", type=float, default=0.8, help="0.8 (default sampling); 0 greedy"
     )
     parser.add_argument(
@@ -524,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         min_idle=args.min_idle,
         max_wait_s=args.max_wait,
         prompt_cache=not args.no_prompt_cache,
+        min_requests=args.min_requests,
     )
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     log(f"model {config.model} · threads {config.threads} · {config.rounds} rounds")
