@@ -69,6 +69,13 @@ from homelab.llamacpp.vocab import Vocab
 # a reader of RequestHandle.chunks takes what has come this often while tokens flow (50 Hz:
 # a terminal or a screen shows no more)
 READ_INTERVAL_S = 0.02
+# while the same sequences step again and again, their asyncio readers are woken at most this
+# often, and take what has come meanwhile at once: a wake costs the event loop ~30 µs, which on
+# two cores the decoding threads wait for — at the tiny models' 0.3 ms steps, every token. At a
+# GPU's step times (1 ms and more) every token still wakes its reader when it comes; what a
+# reader does not yet know waits at most this long and one step (vLLM's --stream-interval
+# makes the same trade in tokens)
+STREAM_WAKE_INTERVAL_S = 0.001
 
 log = logging.getLogger("homelab.engine")
 
@@ -100,6 +107,10 @@ class LoopWakes:
         self.gathering_thread = 0
         # the readers gathered since the last wake, by event loop (empty: nobody to wake)
         self.gathered: dict[asyncio.AbstractEventLoop, list[RequestHandle]] = {}
+        # perf_counter of a steady step's last wake: the next wakes no sooner than
+        # STREAM_WAKE_INTERVAL_S after it; a step that ends on the lane wakes whoever was
+        # gathered (flush)
+        self.last_steady_wake = 0.0
 
     def add(self, loop: asyncio.AbstractEventLoop, handle: RequestHandle) -> None:
         self.gathered.setdefault(loop, []).append(handle)
@@ -163,6 +174,11 @@ class RequestHandle:
         if not self.finished:
             self.cancelled = True
             self._wake_scheduler()
+
+    def has_queued(self) -> bool:
+        """Whether an event waits to be read: the reader's next one comes without a wait
+        (a streaming response then sends what it has with what comes next)."""
+        return not self._events.empty()
 
     # called on the compute lane (the scheduler's step)
     def push(self, event: TokenEvent) -> None:
@@ -808,15 +824,18 @@ class Scheduler:
 
     def _step_again(self, jobs: tuple[Job, ...], n_jobs: int, batch: Batch) -> bool:
         """After a generating step of ``jobs`` (``n_jobs`` of them): record it, wake its
-        readers, and say whether the same sequences step again at once — none has finished
-        (no slot freed for a waiting request), nothing came in (a request, a cancellation, a
-        call, closing), no metrics are due and the lane has no other resident or work
-        (``lane.alone``). If so their rows get their next token and position. Gathering
-        wakes goes on until the lane's step ends (``run_once`` flushes)."""
+        readers (no sooner than ``STREAM_WAKE_INTERVAL_S`` after the last wake), and say
+        whether the same sequences step again at once — none has finished (no slot freed for
+        a waiting request), nothing came in (a request, a cancellation, a call, closing), no
+        metrics are due and the lane has no other resident or work (``lane.alone``). If so
+        their rows get their next token and position. Gathering wakes goes on until the
+        lane's step ends (``run_once`` flushes)."""
         now = time.perf_counter()
         self._meter.record_generating_step(now, n_jobs)
-        if self.wakes.gathered:
-            self.wakes.wake_gathered()
+        wakes = self.wakes
+        if wakes.gathered and now - wakes.last_steady_wake >= STREAM_WAKE_INTERVAL_S:
+            wakes.wake_gathered()
+            wakes.last_steady_wake = now
         if (
             len(self._decoding) != n_jobs
             or self._incoming

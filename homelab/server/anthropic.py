@@ -67,7 +67,12 @@ from homelab.server.serving import (
     submit_choices,
     usage,
 )
-from homelab.server.streaming import EventStreamResponse, sse_event, text_events
+from homelab.server.streaming import (
+    EventStreamResponse,
+    next_event_ready,
+    sse_event,
+    text_events,
+)
 
 __all__ = ["MAX_TOKENS_CEILING", "count_tokens", "create_message"]
 
@@ -83,7 +88,9 @@ async def create_message(ctx: RequestContext, req: MessagesRequest) -> Response:
     handles, submitted = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
     choices = prepared.reply.choices(submitted, handles)
     if req.stream:
-        return EventStreamResponse(_events(ctx, req, prepared, handles, choices))
+        return EventStreamResponse(
+            _events(ctx, req, prepared, handles, choices), next_event_ready(handles)
+        )
     return await respond(ctx, handles, choices, lambda: message_body(ctx, req, choices[0]))
 
 

@@ -40,6 +40,7 @@ from homelab.server.serving import (
 from homelab.server.streaming import (
     DONE,
     EventStreamResponse,
+    next_event_ready,
     sse_error,
     sse_event,
     text_events,
@@ -56,7 +57,9 @@ async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Re
     handles, submitted = submit_choices(ctx, [prepared.prompt], req.n, prepared.sampling_for)
     states = prepared.reply.choices(submitted, handles)
     if req.stream:
-        return EventStreamResponse(_stream(ctx, req, handles, states, prepared.reply))
+        return EventStreamResponse(
+            _stream(ctx, req, handles, states, prepared.reply), next_event_ready(handles)
+        )
     return await respond(
         ctx,
         handles,

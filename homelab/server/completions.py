@@ -34,6 +34,7 @@ from homelab.server.serving import (
 from homelab.server.streaming import (
     DONE,
     EventStreamResponse,
+    next_event_ready,
     sse_error,
     sse_event,
     text_events,
@@ -46,7 +47,9 @@ async def text_completion(ctx: RequestContext, req: CompletionRequest) -> Respon
     handles, states = submit_choices(ctx, prompts, req.n, sampling_for)
     echoes = [_echo_text(ctx, prompts[s.prompt_index]) if req.echo else "" for s in states]
     if req.stream:
-        return EventStreamResponse(_stream(ctx, req, handles, states, echoes))
+        return EventStreamResponse(
+            _stream(ctx, req, handles, states, echoes), next_event_ready(handles)
+        )
     want_logprobs = req.logprobs is not None
     return await respond(
         ctx,

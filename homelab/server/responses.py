@@ -51,7 +51,7 @@ from homelab.server.serving import (
     respond,
     submit_choices,
 )
-from homelab.server.streaming import EventStreamResponse
+from homelab.server.streaming import EventStreamResponse, next_event_ready
 
 log = logging.getLogger("homelab.server.responses")
 
@@ -69,7 +69,12 @@ async def create_response(
     keep = _keeper(ctx, req, store)
     echo = ResponseEcho(req, prepared.sampling_for(0, prepared.prompt), keep)
     if req.stream:
-        return _warned(req, EventStreamResponse(response_events(ctx, echo, handles, states)))
+        return _warned(
+            req,
+            EventStreamResponse(
+                response_events(ctx, echo, handles, states), next_event_ready(handles)
+            ),
+        )
 
     def body() -> dict[str, object]:
         state = states[0]

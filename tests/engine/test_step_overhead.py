@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from engine_helpers import EngineFactory
 
+from homelab.engine import scheduler
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from homelab.engine.engine import Engine
 from homelab.engine.scheduler import RequestHandle
@@ -173,6 +174,48 @@ def test_streaming_readers_on_one_loop_are_woken_once_per_step(make_engine: Engi
     assert asyncio.run(read_all()) == [64] * 8
     steps = engine.metrics().steps_total - steps_before
     assert wakes[0] <= steps + 8, (wakes[0], steps)  # 8: admissions may wake outside a step
+
+
+def read_streaming(engine: Engine, request: GenerationRequest) -> tuple[list[TokenEvent], int]:
+    """The token events of ``request`` read in asyncio as a streaming response reads them
+    (``events()``), and how many times the engine woke the reader's loop."""
+    wakes = [0]
+
+    async def read() -> list[TokenEvent]:
+        loop = asyncio.get_running_loop()
+        real_call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counting(callback: Callable[..., object], *args: object) -> asyncio.Handle:
+            wakes[0] += 1
+            return real_call_soon_threadsafe(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        handle = engine.submit(request)
+        return [event async for event in handle.events() if isinstance(event, TokenEvent)]
+
+    return asyncio.run(read()), wakes[0]
+
+
+def test_steady_steps_wake_a_streaming_reader_at_most_once_an_interval(
+    warm_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the same sequence steps again and again, its reader's loop is woken no more
+    often than ``STREAM_WAKE_INTERVAL_S`` (a wake a token cost the loop ~30 µs, which on two
+    cores the decode waited for) and takes what came meanwhile: the same tokens, in order.
+    With the interval made a minute long, the wakes left are the lane's own ends of a step
+    (the first token, metrics due, the finish): a handful, not one a token."""
+    sampling = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
+    request = GenerationRequest("steady", "hello world", sampling)
+    expected = warm_engine.submit(request).collect()
+    monkeypatch.setattr(scheduler, "STREAM_WAKE_INTERVAL_S", 0.0)  # every steady step wakes
+    events, wakes = read_streaming(warm_engine, request)
+    assert [event.token_id for event in events] == list(expected.token_ids)
+    assert wakes > N_TOKENS // 8, wakes  # about one a token: the count below can tell
+    monkeypatch.setattr(scheduler, "STREAM_WAKE_INTERVAL_S", 60.0)
+    events, wakes = read_streaming(warm_engine, request)
+    assert [event.token_id for event in events] == list(expected.token_ids)
+    assert "".join(event.text for event in events) == expected.text
+    assert wakes <= N_TOKENS // 8, wakes
 
 
 def test_a_chunked_reader_is_not_woken_per_token(warm_engine: Engine) -> None:

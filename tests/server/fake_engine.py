@@ -61,6 +61,9 @@ class FakeHandle:
     async def all_events(self) -> list[TokenEvent | FinishEvent]:
         return [event async for event in self.__aiter__()]
 
+    def has_queued(self) -> bool:
+        return False  # each word is made when it is read
+
     def cancel(self) -> None:
         self.cancelled = True
 
