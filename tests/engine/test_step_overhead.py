@@ -144,56 +144,43 @@ def calls_per_token(engine: Engine, n_sequences: int) -> float:
     return calls[0] / (N_TOKENS * n_sequences)
 
 
+def read_streaming(
+    engine: Engine, requests: list[GenerationRequest]
+) -> tuple[list[list[TokenEvent]], int]:
+    """The token events of each request, read by one event loop as streaming responses read
+    them (``events()``), and how many times the engine woke that loop."""
+    wakes = [0]
+
+    async def read_all() -> list[list[TokenEvent]]:
+        loop = asyncio.get_running_loop()
+        real_call_soon_threadsafe = loop.call_soon_threadsafe
+
+        def counting(callback: Callable[..., object], *args: object) -> asyncio.Handle:
+            wakes[0] += 1
+            return real_call_soon_threadsafe(callback, *args)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        handles = [engine.submit(request) for request in requests]
+
+        async def read(handle: RequestHandle) -> list[TokenEvent]:
+            return [event async for event in handle.events() if isinstance(event, TokenEvent)]
+
+        return list(await asyncio.gather(*(read(handle) for handle in handles)))
+
+    return asyncio.run(read_all()), wakes[0]
+
+
 def test_streaming_readers_on_one_loop_are_woken_once_per_step(make_engine: EngineFactory) -> None:
     """Eight streams read by one event loop: one self-pipe wake per step for all of them
     (one per stream per token, 8x, before the step gathered them)."""
     engine = make_engine(n_parallel=8, ctx_per_slot=256)
     sampling = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-    wakes = [0]
-
-    async def read_all() -> list[int]:
-        loop = asyncio.get_running_loop()
-        real_call_soon_threadsafe = loop.call_soon_threadsafe
-
-        def counting(callback: Callable[..., object], *args: object) -> asyncio.Handle:
-            wakes[0] += 1
-            return real_call_soon_threadsafe(callback, *args)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
-        handles = [
-            engine.submit(GenerationRequest(f"stream-{i}", f"stream {i}", sampling))
-            for i in range(8)
-        ]
-
-        async def count(handle: RequestHandle) -> int:
-            return sum([1 async for event in handle if isinstance(event, TokenEvent)])
-
-        return list(await asyncio.gather(*(count(handle) for handle in handles)))
-
+    requests = [GenerationRequest(f"stream-{i}", f"stream {i}", sampling) for i in range(8)]
     steps_before = engine.metrics().steps_total
-    assert asyncio.run(read_all()) == [64] * 8
+    streams, wakes = read_streaming(engine, requests)
+    assert [len(events) for events in streams] == [64] * 8
     steps = engine.metrics().steps_total - steps_before
-    assert wakes[0] <= steps + 8, (wakes[0], steps)  # 8: admissions may wake outside a step
-
-
-def read_streaming(engine: Engine, request: GenerationRequest) -> tuple[list[TokenEvent], int]:
-    """The token events of ``request`` read in asyncio as a streaming response reads them
-    (``events()``), and how many times the engine woke the reader's loop."""
-    wakes = [0]
-
-    async def read() -> list[TokenEvent]:
-        loop = asyncio.get_running_loop()
-        real_call_soon_threadsafe = loop.call_soon_threadsafe
-
-        def counting(callback: Callable[..., object], *args: object) -> asyncio.Handle:
-            wakes[0] += 1
-            return real_call_soon_threadsafe(callback, *args)
-
-        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
-        handle = engine.submit(request)
-        return [event async for event in handle.events() if isinstance(event, TokenEvent)]
-
-    return asyncio.run(read()), wakes[0]
+    assert wakes <= steps + 8, (wakes, steps)  # 8: admissions may wake outside a step
 
 
 def test_steady_steps_wake_a_streaming_reader_at_most_once_an_interval(
@@ -208,11 +195,11 @@ def test_steady_steps_wake_a_streaming_reader_at_most_once_an_interval(
     request = GenerationRequest("steady", "hello world", sampling)
     expected = warm_engine.submit(request).collect()
     monkeypatch.setattr(scheduler, "STREAM_WAKE_INTERVAL_S", 0.0)  # every steady step wakes
-    events, wakes = read_streaming(warm_engine, request)
+    (events,), wakes = read_streaming(warm_engine, [request])
     assert [event.token_id for event in events] == list(expected.token_ids)
     assert wakes > N_TOKENS // 8, wakes  # about one a token: the count below can tell
     monkeypatch.setattr(scheduler, "STREAM_WAKE_INTERVAL_S", 60.0)
-    events, wakes = read_streaming(warm_engine, request)
+    (events,), wakes = read_streaming(warm_engine, [request])
     assert [event.token_id for event in events] == list(expected.token_ids)
     assert "".join(event.text for event in events) == expected.text
     assert wakes <= N_TOKENS // 8, wakes
