@@ -366,13 +366,15 @@ class _Blocks:
         return [sse_event(payload, "content_block_start")]
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        payload = {"type": "content_block_delta", "index": self.index, "delta": delta}
-        return sse_event(payload, "content_block_delta")
+        return sse_event(_delta_payload(self.index, delta), "content_block_delta")
+
+
+def _delta_payload(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
 def _text_delta_payload(index: int, kind: str, text: str) -> dict[str, Any]:
-    delta = {"type": f"{kind}_delta", kind: text}
-    return {"type": "content_block_delta", "index": index, "delta": delta}
+    return _delta_payload(index, {"type": f"{kind}_delta", kind: text})
 
 
 async def _events(
