@@ -91,12 +91,6 @@ class ConcurrencyTable:
                 return cell
         return None
 
-    def max_fitting(self, kv_type: str) -> int:
-        """The highest concurrency that fits with ``kv_type`` (0: none)."""
-        return max(
-            (c.concurrency for c in self.cells if c.kv_type == kv_type and c.fits), default=0
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "n_ctx_per_request": self.n_ctx_per_request,

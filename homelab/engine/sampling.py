@@ -117,11 +117,6 @@ class SamplerChain:
         if last_n > 0:
             self._chain.remember(tokens[-last_n:])
 
-    @property
-    def picks_at_random(self) -> bool:
-        """True when the chain ends in a random pick (temperature > 0), not greedy."""
-        return self.params.temperature > 0
-
     def distribution(self, context: Context, batch_index: int) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, probabilities) the random pick would draw from at ``batch_index``
         (speculative sampling's ``p``); changes no sampler state."""

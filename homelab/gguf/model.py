@@ -100,10 +100,6 @@ class ModelInfo:
         return any(self.recurrent_layers)
 
     @property
-    def is_hybrid(self) -> bool:
-        return self.is_recurrent and any(h > 0 for h in self.n_head_kv)
-
-    @property
     def has_swa(self) -> bool:
         return self.n_swa > 0 and any(self.swa_layers)
 

@@ -117,10 +117,6 @@ class EmbeddingContext(Closing):
         """The context the model was trained for (BERT has that many learned positions)."""
         return int(self._lib.llama_model_n_ctx_train(self.model.pointer))
 
-    @property
-    def has_memory(self) -> bool:
-        return bool(self._memory)
-
     # --- compute ---------------------------------------------------------------------------
 
     def clear(self) -> None:

@@ -41,10 +41,6 @@ class CacheGeometry:
     def has_swa(self) -> bool:
         return any(self.swa[layer] for layer in self.kv_layers)
 
-    @property
-    def has_full_attention(self) -> bool:
-        return any(not self.swa[layer] for layer in self.kv_layers)
-
 
 def cache_geometry(model: ModelInfo) -> CacheGeometry:
     trunk = model.n_layer - int_key(model, "nextn_predict_layers")
