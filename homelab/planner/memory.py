@@ -33,6 +33,16 @@ F32 = 4
 
 
 @dataclass(frozen=True)
+class MemoryPart:
+    """One part of what a device holds: ``label`` as bars and legends show it, ``key`` as the
+    plan's JSON names it (``{key}_bytes``)."""
+
+    key: str
+    label: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
     """What one device holds under a plan, in bytes."""
 
@@ -48,17 +58,22 @@ class DeviceMemory:
     draft_bytes: int = 0  # the speculative draft's weights, KV, compute and logits here
     projector_bytes: int = 0  # the vision projector's weights and warm-up compute buffer here
 
+    def parts(self) -> tuple[MemoryPart, ...]:
+        """Every part of the device's total, in the order bars stack them: the one list the
+        plan's bar, the dashboard's bars and legends, and the JSON read."""
+        return (
+            MemoryPart("weights", "weights", self.weights_bytes),
+            MemoryPart("kv", "KV", self.kv_bytes),
+            MemoryPart("recurrent", "recurrent", self.recurrent_bytes),
+            MemoryPart("compute", "compute", self.compute_bytes),
+            MemoryPart("overhead", "overhead", self.overhead_bytes),
+            MemoryPart("draft", "draft", self.draft_bytes),
+            MemoryPart("projector", "projector", self.projector_bytes),
+        )
+
     @property
     def total_bytes(self) -> int:
-        return (
-            self.weights_bytes
-            + self.kv_bytes
-            + self.recurrent_bytes
-            + self.compute_bytes
-            + self.overhead_bytes
-            + self.draft_bytes
-            + self.projector_bytes
-        )
+        return sum(part.size_bytes for part in self.parts())
 
     @property
     def headroom_bytes(self) -> int:
@@ -69,18 +84,12 @@ class DeviceMemory:
         return self.total_bytes <= self.budget_bytes
 
     def to_dict(self) -> dict[str, object]:
-        projector = {"projector_bytes": self.projector_bytes} if self.projector_bytes else {}
-        return projector | {
+        return {
             "name": self.name,
             "kind": self.kind,
             "label": self.label,
             "budget_bytes": self.budget_bytes,
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "recurrent_bytes": self.recurrent_bytes,
-            "compute_bytes": self.compute_bytes,
-            "overhead_bytes": self.overhead_bytes,
-            "draft_bytes": self.draft_bytes,
+            **{f"{part.key}_bytes": part.size_bytes for part in self.parts()},
             "total_bytes": self.total_bytes,
         }
 
@@ -138,20 +147,17 @@ class MemoryEstimate:
         return next(d for d in self.devices if d.name == name)
 
     def to_dict(self) -> dict[str, object]:
+        sums: dict[str, int] = {}
+        for device in self.devices:
+            for part in device.parts():
+                sums[f"{part.key}_bytes"] = sums.get(f"{part.key}_bytes", 0) + part.size_bytes
         document: dict[str, object] = {
-            "weights_bytes": self.weights_bytes,
-            "kv_bytes": self.kv_bytes,
-            "recurrent_bytes": self.recurrent_bytes,
-            "compute_bytes": self.compute_bytes,
-            "overhead_bytes": self.overhead_bytes,
+            **sums,
             "total_bytes": self.total_bytes,
             "devices": [d.to_dict() for d in self.devices],
         }
         if self.draft is not None:
-            document["draft_bytes"] = self.draft_bytes
             document["draft"] = self.draft.to_dict()
-        if self.projector_bytes:
-            document["projector_bytes"] = self.projector_bytes
         return document
 
 

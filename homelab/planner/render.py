@@ -12,7 +12,16 @@ from homelab.units import format_size
 BAR_WIDTH = 28
 NAME_WIDTH = 30
 # one character per component, in stacking order
-BAR_PARTS = (("weights", "█"), ("KV", "▓"), ("recurrent", "▒"), ("compute", "▒"), ("overhead", "░"))
+# the character each part of DeviceMemory.parts() is drawn with (by label)
+BAR_CHARACTERS = {
+    "weights": "█",
+    "KV": "▓",
+    "recurrent": "▒",
+    "compute": "▒",
+    "overhead": "░",
+    "draft": "▚",
+    "projector": "▞",
+}
 FREE = "·"
 
 
@@ -82,7 +91,7 @@ def _memory(plan: Plan) -> str:
     header = f"  {'device':<{NAME_WIDTH}} {'':<{BAR_WIDTH}} " + " ".join(
         f"{c:>10}" for c in columns
     )
-    lines = ["Memory   (█ weights ▓ KV ▒ compute/recurrent ░ overhead · free)", header]
+    lines = [f"Memory   ({_bar_legend(plan)})", header]
     for device in reversed(plan.memory.devices):  # GPUs first
         lines.append(_device_line(device))
     if plan.memory.draft is not None:
@@ -152,21 +161,25 @@ def _device_line(device: DeviceMemory) -> str:
 
 def memory_bar(device: DeviceMemory, width: int = BAR_WIDTH) -> str:
     """A stacked bar of the device's budget; over budget it spans the total and ends in '!'."""
-    values = {
-        "weights": device.weights_bytes,
-        "KV": device.kv_bytes,
-        "recurrent": device.recurrent_bytes,
-        "compute": device.compute_bytes,
-        "overhead": device.overhead_bytes,
-    }
     scale = max(device.budget_bytes, device.total_bytes, 1)
     bar = ""
     used = 0.0
-    for part, char in BAR_PARTS:
-        used += values[part] / scale * width
-        bar += char * (round(used) - len(bar))
+    for part in device.parts():
+        used += part.size_bytes / scale * width
+        bar += BAR_CHARACTERS[part.label] * (round(used) - len(bar))
     bar += FREE * (width - len(bar))
     return bar[: width - 1] + "!" if not device.fits else bar
+
+
+def _bar_legend(plan: Plan) -> str:
+    """'█ weights ▓ KV ▒ compute/recurrent ░ overhead · free', plus the draft and the
+    projector when this plan holds them."""
+    shown = ["█ weights", "▓ KV", "▒ compute/recurrent", "░ overhead"]
+    if plan.memory.draft_bytes:
+        shown.append(f"{BAR_CHARACTERS['draft']} draft")
+    if plan.memory.projector_bytes:
+        shown.append(f"{BAR_CHARACTERS['projector']} projector")
+    return " ".join(shown) + f" {FREE} free"
 
 
 def _capacity(plan: Plan) -> str:

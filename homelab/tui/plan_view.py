@@ -29,6 +29,7 @@ PART_STYLES = {
     "recurrent": "#d787af",
     "compute": "#d7af5f",
     "overhead": "#808080",
+    "draft": "#87af87",  # the speculative draft's weights, KV, compute and logits
     "projector": "#5fafaf",  # the vision projector's weights and warm-up buffer
 }
 FREE_STYLE = "#4e4e4e"
@@ -136,15 +137,9 @@ def vision_text(plan: Plan) -> str:
 
 
 def device_segments(device: DeviceMemory) -> list[Segment]:
-    parts = {
-        "weights": device.weights_bytes,
-        "KV": device.kv_bytes,
-        "recurrent": device.recurrent_bytes,
-        "compute": device.compute_bytes,
-        "overhead": device.overhead_bytes,
-        "projector": device.projector_bytes,
-    }
-    segments = [Segment(name, value, PART_STYLES[name]) for name, value in parts.items()]
+    segments = [
+        Segment(part.label, part.size_bytes, PART_STYLES[part.label]) for part in device.parts()
+    ]
     if device.fits:
         segments.append(Segment("free", device.headroom_bytes, FREE_STYLE, LIGHT_SHADE))
     else:
@@ -162,14 +157,7 @@ def device_view(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | 
 
 
 def legend(device: DeviceMemory, actual: Mapping[str, Mapping[str, int]] | None) -> str:
-    values = {
-        "weights": device.weights_bytes,
-        "KV": device.kv_bytes,
-        "recurrent": device.recurrent_bytes,
-        "compute": device.compute_bytes,
-        "overhead": device.overhead_bytes,
-        "projector": device.projector_bytes,
-    }
+    values = {part.label: part.size_bytes for part in device.parts()}
     shown = [
         f"[{PART_STYLES[name]}]■[/] {name} {format_size(value, digits=1)}"
         for name, value in values.items()

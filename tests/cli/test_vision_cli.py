@@ -6,6 +6,7 @@ Real generated vision pairs (``homelab.gguf.demo_vision``) in a folder of their 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 
 from homelab.cli import main
 from homelab.gguf import demo_vision
+from homelab.planner.render import BAR_CHARACTERS, BAR_WIDTH, FREE
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +43,29 @@ def test_plan_shows_the_projector(capsys: pytest.CaptureFixture[str], folder: Pa
     assert "images up to 300 tokens" in out
     code, out, _ = cli(capsys, "plan", model, "--no-mmproj", "--no-verify", "--json")
     assert code == 0 and json.loads(out)["projector"] is None
+
+
+def test_plan_draws_the_projector_in_its_memory_bar(
+    capsys: pytest.CaptureFixture[str], folder: Path
+) -> None:
+    """The projector's bytes are part of its device's bar (not drawn as free) and of the
+    JSON's parts; a 1 GiB budget makes its 40 MiB at least one cell of the bar."""
+    argv = ["plan", str(folder / "TinyVL-F16.gguf"), "--ram", "2GiB", "--no-verify"]
+    code, out, _ = cli(capsys, *argv, "--json")
+    document = json.loads(out)
+    device = document["memory"]["devices"][0]
+    projector_bytes = document["projector"]["total_bytes"]
+    assert code == 0 and device["projector_bytes"] == projector_bytes > 0
+    assert document["memory"]["projector_bytes"] == projector_bytes
+    parts = {key for key in device if key.endswith("_bytes")} - {"budget_bytes", "total_bytes"}
+    assert sum(device[key] for key in parts) == device["total_bytes"]  # every part is listed
+    code, out, _ = cli(capsys, *argv)
+    assert code == 0 and "▞ projector" in out
+    line = next(line for line in out.splitlines() if line.startswith("  CPU host RAM"))
+    bar = re.findall(f"[{''.join(BAR_CHARACTERS.values())}{FREE}!]{{{BAR_WIDTH}}}", line)[0]
+    assert "▞" in bar
+    used = BAR_WIDTH - bar.count(FREE)
+    assert used == round(device["total_bytes"] / device["budget_bytes"] * BAR_WIDTH)
 
 
 def test_plan_refuses_a_file_that_is_not_a_projector(
