@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_model(
         parser,
         optional=True,
-        help=f"{flags.MODEL_HELP} (default: the first local model, else the generated demo)",
+        help=f"{flags.MODEL_HELP} (default: the first local model, else the trained demo)",
     )
     flags.add_download_flags(parser)
     flags.add_speculation_flags(parser)

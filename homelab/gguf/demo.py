@@ -3,9 +3,11 @@
 Random-weight models are written in F16 by :mod:`homelab.gguf.generator`, then quantized with
 llama.cpp's own quantizer for the other variants, into a cache directory (never committed).
 
-Names: ``demo[:ARCH][:SIZE][:QUANT]`` with ARCH one of :data:`~homelab.gguf.generator.ARCHS`
-(causal models that chat) or of :data:`EXTRAS`, the special-purpose models built by
-:mod:`homelab.gguf.demo_extra`:
+Names: ``demo`` alone (or ``demo:Q4_K_M``) is the shipped model trained on Python's
+documentation, the one that writes words. A random-weight model is named by its ARCH or SIZE:
+``demo:ARCH[:SIZE][:QUANT]`` or ``demo:SIZE[:QUANT]`` (the llama), with ARCH one of
+:data:`~homelab.gguf.generator.ARCHS` (causal models that chat) or of :data:`EXTRAS`, the
+special-purpose models built by :mod:`homelab.gguf.demo_extra`:
 
 - ``demo:bert`` — an embedding model (arch ``bert``, WordPiece vocabulary, mean pooling);
 - ``demo:reasoning`` — a qwen3 model whose chat template opens ``<think>`` (Qwen3-style
@@ -32,7 +34,8 @@ QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 EXTRAS = ("bert", "reasoning", "spec", "spec-draft")
 # A text model and its vision projector (demo:vision-gemma3); see demo_vision.
 VISION = tuple(f"vision-{kind}" for kind in demo_vision.VISION_KINDS)
-TRAINED = "trained"  # demo:trained[:F16|:Q4_K_M] — shipped weights, see tools/train_demo.py
+TRAINED = "trained"  # demo[:F16|:Q4_K_M] (or demo:trained…) — shipped weights, tools/train_demo.py
+TRAINED_QUANTS = ("F16", "Q4_K_M")
 TRAINED_DIR = Path(__file__).parent / "trained"
 TRAINED_STEM = "homelab-trained-llama"
 EXTRA_DEFAULT_SIZES = {"spec": "bench", "spec-draft": "bench"}  # sized to measure speed-ups
@@ -77,7 +80,7 @@ def trained_model_path(quant: str = "F16") -> Path:
     if not path.is_file():
         raise HomelabError(
             f"the trained demo model has no {quant} file",
-            hint="Use demo:trained or demo:trained:Q4_K_M; re-create with tools/train_demo.py.",
+            hint="Use demo or demo:Q4_K_M; re-create with tools/train_demo.py.",
         )
     return path
 
@@ -112,7 +115,7 @@ def _cached(folder: Path, stem: str, quant: str, write_f16: Callable[[Path], Pat
 
 
 def is_demo_ref(spec: str) -> bool:
-    """True for ``demo`` and ``demo:...`` — the names of generated demo models."""
+    """True for ``demo`` and ``demo:...`` — the names of the demo models."""
     return spec.lower() == "demo" or spec.lower().startswith("demo:")
 
 
@@ -120,13 +123,37 @@ def parse_demo_ref(spec: str) -> tuple[str, str, str]:
     """(arch, size, quant) of a ``demo[:ARCH][:SIZE][:QUANT]`` name, checked; nothing is
     generated.
 
-    ``demo`` is the tiny llama; ``demo:bench``, ``demo:bench:Q8_0``, ``demo:moe``,
-    ``demo:gemma3:tiny:Q4_0`` pick the others. ARCH may also be one of :data:`EXTRAS`
+    ``demo`` (and ``demo:Q4_K_M``, ``demo:trained``) is the shipped trained model, the one
+    that writes words; a random-weight model is named by its ARCH or SIZE: ``demo:llama``
+    (the tiny llama), ``demo:bench``, ``demo:bench:Q8_0``, ``demo:moe``,
+    ``demo:gemma3:tiny:Q4_0``. ARCH may also be one of :data:`EXTRAS`
     (``demo:bert``, ``demo:reasoning``, ``demo:spec``, ``demo:spec-draft:tiny``...).
     """
     parts = [p for p in spec.split(":")[1:] if p]
-    if parts and parts[0].lower() == TRAINED and len(parts) <= 2:
-        return TRAINED, "tiny", _checked_quant(parts[1] if len(parts) == 2 else "F16")
+    if parts and parts[0].lower() == TRAINED:
+        parts.pop(0)
+    elif parts and parts[0].upper() not in QUANTS:
+        return _parse_random_ref(spec, parts)
+    if len(parts) > 1:
+        raise HomelabError(
+            f"cannot read the demo model name {spec!r}",
+            hint="The trained demo is demo or demo:QUANT (demo:Q4_K_M); name a random-weight "
+            "one by its ARCH or SIZE: demo:llama:bench:Q8_0.",
+        )
+    return TRAINED, "tiny", _trained_quant(parts[0] if parts else "F16")
+
+
+def _trained_quant(quant: str) -> str:
+    if quant.upper() not in TRAINED_QUANTS:
+        raise HomelabError(
+            f"the trained demo model comes in {' and '.join(TRAINED_QUANTS)}, not {quant}",
+            hint=f"Use demo or demo:Q4_K_M; for a random-weight {quant} model name it by its "
+            f"ARCH: demo:llama:{quant.upper()}.",
+        )
+    return quant.upper()
+
+
+def _parse_random_ref(spec: str, parts: list[str]) -> tuple[str, str, str]:
     named = ARCHS + EXTRAS + VISION
     arch = parts.pop(0).lower() if parts and parts[0].lower() in named else "llama"
     default_size = EXTRA_DEFAULT_SIZES.get(arch, "tiny")
@@ -145,6 +172,6 @@ def parse_demo_ref(spec: str) -> tuple[str, str, str]:
 
 
 def demo_ref_path(spec: str) -> Path:
-    """The generated model a ``demo[:ARCH][:SIZE][:QUANT]`` name stands for (generated on
-    first use)."""
+    """The model a ``demo[:ARCH][:SIZE][:QUANT]`` name stands for (the shipped trained one, or
+    a random-weight one generated on first use)."""
     return demo_model_path(*parse_demo_ref(spec))

@@ -2,7 +2,8 @@
 
 :func:`resolve` tries the forms in this order:
 
-1. ``demo[:ARCH][:SIZE][:QUANT]`` — :class:`DemoModel`, generated on first use;
+1. ``demo[:ARCH][:SIZE][:QUANT]`` — :class:`DemoModel`: ``demo`` the shipped trained model,
+   ``demo:ARCH…`` / ``demo:SIZE…`` a random-weight one generated on first use;
 2. an existing file — :class:`LocalFile` (it plans with its sibling quant files);
 3. ``ORG/NAME[:QUANT]`` — :class:`HubModel`: loads the downloaded file, plans from remote
    headers (or the cache) before anything is downloaded;
@@ -78,8 +79,8 @@ class LocalFile:
 
 @dataclass(frozen=True)
 class DemoModel:
-    """A generated model with random weights (``demo[:ARCH][:SIZE][:QUANT]``), or the shipped
-    one trained on Python's documentation (``demo:trained[:QUANT]``)."""
+    """The shipped model trained on Python's documentation (``demo[:QUANT]``), or a generated
+    one with random weights (``demo:ARCH[:SIZE][:QUANT]``, ``demo:SIZE[:QUANT]``)."""
 
     text: str
     arch: str

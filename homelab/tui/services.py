@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from homelab.tui.protocols import AnswerStream, DashboardEngine, HttpServerHandle
 
 ModelKind = Literal["local", "catalogue", "hub", "demo"]
-DEMO_REF = "demo:trained"  # the offline default: shipped weights, trained on Python's docs
+DEMO_REF = "demo"  # the offline default: shipped weights, trained on Python's docs
 TRAINED_NOTE = "small demo model trained on Python's documentation: simple English, knows nothing"
 RANDOM_NOTE = "demo model, random weights"
 

@@ -59,9 +59,28 @@ def test_a_demo_name_is_parsed_without_generating_anything(
     ref = resolve("demo:qwen3:tiny:Q8_0")
     assert ref == DemoModel("demo:qwen3:tiny:Q8_0", "qwen3", "tiny", "Q8_0")
     assert not (tmp_path / "demo-cache").exists()  # generated on first use, not on resolve
-    assert resolve("demo") == DemoModel("demo", "llama", "tiny", "F16")
     with pytest.raises(HomelabError, match="demo model name"):
         resolve("demo:llama:tiny:Q9")
+
+
+def test_demo_alone_is_the_trained_model_and_random_ones_are_named() -> None:
+    """``demo`` is the shipped model that writes words; a random-weight one is named by its
+    ARCH or SIZE (``demo:llama``, ``demo:bench``)."""
+    from homelab.gguf.demo import trained_model_path
+
+    assert resolve("demo") == DemoModel("demo", "trained", "tiny", "F16")
+    assert resolve("demo").local_path() == trained_model_path("F16")
+    assert resolve("demo:Q4_K_M").local_path() == trained_model_path("Q4_K_M")
+    assert resolve("demo:trained:q4_k_m") == DemoModel(
+        "demo:trained:q4_k_m", "trained", "tiny", "Q4_K_M"
+    )
+    assert resolve("demo:llama") == DemoModel("demo:llama", "llama", "tiny", "F16")
+    assert resolve("demo:bench:Q8_0") == DemoModel("demo:bench:Q8_0", "llama", "bench", "Q8_0")
+    with pytest.raises(HomelabError, match="comes in F16 and Q4_K_M") as refused:
+        resolve("demo:Q8_0")
+    assert "demo:llama:Q8_0" in (refused.value.hint or "")
+    with pytest.raises(HomelabError, match="demo model name"):
+        resolve("demo:Q4_K_M:tiny")
 
 
 def test_a_demo_model_loads_its_generated_file(demo_model: Callable[..., Path]) -> None:

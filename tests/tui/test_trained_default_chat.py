@@ -9,6 +9,7 @@ from textual.pilot import Pilot
 from trained_words import word_share
 from tui_fakes import FakeHardware
 
+from homelab.gguf.demo import trained_model_path
 from homelab.tui import services
 from homelab.tui.app import make_app
 from homelab.tui.widgets.chat import ChatPanel
@@ -25,7 +26,7 @@ async def wait_until(pilot: Pilot[None], condition, what: str) -> None:  # type:
 
 
 def test_default_model_is_the_trained_one() -> None:
-    assert services.DEMO_REF == "demo:trained"
+    assert services.demo_choice().path == trained_model_path("F16")
 
 
 async def test_default_models_answer_shows_real_words(cpu_machine: FakeHardware) -> None:

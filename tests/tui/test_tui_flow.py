@@ -56,7 +56,7 @@ def free_port() -> int:
 
 
 async def test_plan_follows_the_kv_knob_before_anything_loads(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(160, 48)) as pilot:
         await planned(app, pilot)
         first = app.plans.plan
@@ -88,7 +88,7 @@ async def test_a_model_that_does_not_fit_says_so_and_what_to_do(
 
 
 async def test_cycling_kv_type_with_a_key_replans(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await planned(app, pilot)
         assert app.focused is None  # the chat is on another page: letters are keys
@@ -115,7 +115,7 @@ async def test_load_chat_cancel_and_serve(
 
     monkeypatch.setattr(services, "load_engine", slow_load)
     app = make_app(
-        "demo",
+        "demo:llama",
         hardware_provider=cpu_machine,
         server_port=free_port(),
         chat_max_tokens=32,
@@ -190,7 +190,7 @@ async def test_load_chat_cancel_and_serve(
 
 
 async def test_unload_frees_the_model_and_reload_works(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine)
+    app = make_app("demo:llama", hardware_provider=cpu_machine)
     async with app.run_test(size=(80, 24)) as pilot:
         await planned(app, pilot)
         await pilot.press("l")
@@ -205,7 +205,7 @@ async def test_unload_frees_the_model_and_reload_works(cpu_machine: FakeHardware
 
 
 async def test_asking_before_loading_loads_first(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, chat_max_tokens=8)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, chat_max_tokens=8)
     async with app.run_test(size=(80, 24)) as pilot:
         await planned(app, pilot)
         chat = app.screen.query_one(ChatPanel)
@@ -218,7 +218,7 @@ async def test_asking_before_loading_loads_first(cpu_machine: FakeHardware) -> N
 async def test_a_newcomers_first_words_reach_the_model(cpu_machine: FakeHardware) -> None:
     """At start the chat says "Type a prompt": typed at once (before the plan is even
     computed), "me" + Enter is a prompt — its "m" must not open the model picker."""
-    app = make_app("demo", hardware_provider=cpu_machine, chat_max_tokens=8)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, chat_max_tokens=8)
     async with app.run_test(size=(160, 48)) as pilot:
         chat = app.screen.query_one(ChatPanel)
         assert app.focused is chat.prompt

@@ -85,7 +85,7 @@ async def test_picker_lists_every_kind_with_fit_badges(
 
 
 async def test_filter_and_pick_a_model_replans(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(80, 24)) as pilot:
         picker = await badges_shown(app, pilot)
         picker.query_one("#picker-filter", Input).value = "qwen3 8b"
@@ -138,7 +138,7 @@ async def test_download_from_the_picker_then_plan_the_local_copy(
         real_show(self, label, done, total)
 
     monkeypatch.setattr(ModelPicker, "show_progress", record)
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(160, 48)) as pilot:
         picker = await badges_shown(app, pilot)
         quant = picker.badges["phi-4"].quant

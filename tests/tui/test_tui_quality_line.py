@@ -12,11 +12,11 @@ from homelab.tui.plan_view import plan_view
 
 
 def test_plan_view_shows_the_last_quality_result_of_the_model() -> None:
-    plan = plan_model(read_model(demo_ref_path("demo")), resolve_hardware(), verify=False)
+    plan = plan_model(read_model(demo_ref_path("demo:llama")), resolve_hardware(), verify=False)
     quality_file(plan.model_name).unlink(missing_ok=True)  # other tests may have measured it
     assert plan_view(plan).quality == ""  # nothing measured yet in this HOMELAB_HOME
 
-    path = str(demo_ref_path("demo"))
+    path = str(demo_ref_path("demo:llama"))
     reference = QualityConfig("reference", path, "F16", "f16", "f16", True)
     candidate = QualityConfig("K/V q8_0", path, "F16", "q8_0", "q8_0", True)
     text, source = read_text(None)

@@ -34,7 +34,7 @@ def text_of(widget: Static) -> str:
 
 
 async def test_cpu_only_machine_says_so_with_the_reason(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(80, 24)) as pilot:
         panel = await wait_for_hardware(app, pilot)
         no_gpu = text_of(panel.query_one("#no-gpu", Static))
@@ -45,7 +45,7 @@ async def test_cpu_only_machine_says_so_with_the_reason(cpu_machine: FakeHardwar
 
 
 async def test_fake_gpu_shows_vram_split_and_sensors(gpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=gpu_machine, hardware_refresh_s=0.05)
+    app = make_app("demo:llama", hardware_provider=gpu_machine, hardware_refresh_s=0.05)
     async with app.run_test(size=(160, 48)) as pilot:
         panel = await wait_for_hardware(app, pilot)
         await pilot.pause(0.3)
@@ -59,7 +59,7 @@ async def test_fake_gpu_shows_vram_split_and_sensors(gpu_machine: FakeHardware) 
 
 
 async def test_small_terminal_shows_one_page_at_a_time(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         screen = app.screen
@@ -81,7 +81,7 @@ async def test_small_terminal_shows_one_page_at_a_time(cpu_machine: FakeHardware
 
 
 async def test_wide_terminal_shows_every_panel(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause()
         assert not app.screen.has_class("-narrow")
@@ -97,7 +97,7 @@ async def test_wide_terminal_shows_every_panel(cpu_machine: FakeHardware) -> Non
 async def test_keys_for_while_typing_leave_the_text_alone(cpu_machine: FakeHardware) -> None:
     """In the prompt, letters are text; F1 still opens the help, and ctrl+x (cancel, while an
     answer streams) is the prompt's own "cut" when nothing is being answered."""
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(160, 48)) as pilot:
         prompt = app.screen.query_one("#prompt", Input)
         assert app.focused is prompt
@@ -113,7 +113,7 @@ async def test_keys_for_while_typing_leave_the_text_alone(cpu_machine: FakeHardw
 
 
 async def test_help_opens_and_closes(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
@@ -122,7 +122,7 @@ async def test_help_opens_and_closes(cpu_machine: FakeHardware) -> None:
 
 
 async def test_palette_lists_an_entry_for_every_action(cpu_machine: FakeHardware) -> None:
-    app = make_app("demo", hardware_provider=cpu_machine, frozen_live=True)
+    app = make_app("demo:llama", hardware_provider=cpu_machine, frozen_live=True)
     async with app.run_test(size=(80, 24)):
         titles = {command.title for command in app.get_system_commands(app.screen)}
     for wanted in (
