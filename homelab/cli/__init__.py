@@ -34,7 +34,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "serve an OpenAI-compatible endpoint"),
     "worker": ("worker", "offer this machine's devices to another homelab (llama.cpp RPC)"),
     "ps": ("ps", "show the models a running server has loaded"),
-    "cache": ("cache", "list, size or clear the prompt states serve keeps on disk"),
+    "prompt-cache": ("prompt_cache", "list, size or clear the prompt states serve keeps on disk"),
     "bench": ("bench", "measure tok/s per setting and concurrency x KV type"),
     "quality": ("quality", "measure the quality cost of the plan (KLD, ppl)"),
     "search": ("search", "find GGUF repos and files on the Hugging Face hub"),

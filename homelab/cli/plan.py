@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from homelab.cli import flags, prompt_cache_flags
+from homelab.cli import flags, prompt_cache
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify", action="store_true", help="skip the llama.cpp dry run")
     flags.add_plan_flags(parser)
     flags.add_draft_flag(parser)
-    prompt_cache_flags.add_flags(parser, serving=False)  # to see the plan serve would make
+    prompt_cache.add_flags(parser, serving=False)  # to see the plan serve would make
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from homelab.planner.plan import plan_model
     from homelab.planner.render import render_plan
 
-    hardware, _ = prompt_cache_flags.reserve(args, flags.hardware(args), serving=False)
+    hardware, _ = prompt_cache.reserve(args, flags.hardware(args), serving=False)
     request = flags.plan_request(args)  # with --draft's header
     variants = flags.model_ref(args.model).variants()
     request = with_projector(request, variants[0])  # --mmproj, or the one beside the file

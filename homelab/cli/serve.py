@@ -29,7 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homelab.cli import flags, prompt_cache_flags
+from homelab.cli import flags
+from homelab.cli import prompt_cache as prompt_cache_cli
 
 if TYPE_CHECKING:
     from homelab.engine.state_cache.store import PromptCache
@@ -147,7 +148,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_engine_flags(parser)
     flags.add_speculation_flags(parser)
     flags.add_download_flags(parser)
-    prompt_cache_flags.add_flags(parser)
+    prompt_cache_cli.add_flags(parser)
     parser.set_defaults(goal=None)  # resolved in run(): one model or several (FLEET_GOAL)
 
 
@@ -177,7 +178,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     from homelab.server.runner import EngineHolder, bind_socket, run_holding_lock, uvicorn_server
 
     request, hardware = flags.plan_request(args), flags.hardware(args)
-    hardware, cache_ram_bytes = prompt_cache_flags.reserve(args, hardware)
+    hardware, cache_ram_bytes = prompt_cache_cli.reserve(args, hardware)
     ref = flags.local_model(args, request, hardware)  # downloaded (or refused) before announcing
     model_path = ref.local_path()
     from homelab.models.embeddings import planning_hardware
@@ -191,7 +192,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     config = replace(config, port=sock.getsockname()[1])  # --port 0: the port it got
     _setup_logging()
     holder = EngineHolder()
-    prompt_cache = prompt_cache_flags.open_cache(args, cache_ram_bytes)
+    prompt_cache = prompt_cache_cli.open_cache(args, cache_ram_bytes)
     server = uvicorn_server(create_app(holder, config, prompt_cache=prompt_cache))
     loader = threading.Thread(
         target=_load,
@@ -201,7 +202,7 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     loader.start()
     _announce_start(args, config, keys_path, new_key, plan)
     if not args.json:
-        print(prompt_cache_flags.describe(prompt_cache), flush=True)
+        print(prompt_cache_cli.describe(prompt_cache), flush=True)
     _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
@@ -237,8 +238,8 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     from homelab.server.app import create_app
     from homelab.server.runner import bind_socket, run_holding_lock, uvicorn_server
 
-    cache_ram_bytes = prompt_cache_flags.ram_bytes(args, flags.hardware(args))
-    prompt_cache = prompt_cache_flags.open_cache(args, cache_ram_bytes)
+    cache_ram_bytes = prompt_cache_cli.ram_bytes(args, flags.hardware(args))
+    prompt_cache = prompt_cache_cli.open_cache(args, cache_ram_bytes)
     fleet = build_fleet(args, prompt_cache)
     keys, new_key = _keys_for(args, keys_path)
     config = _config(args, Path("homelab"), keys)
@@ -249,7 +250,7 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     server = uvicorn_server(create_app(lambda: None, config, fleet, prompt_cache=prompt_cache))
     _announce_fleet(args, config, fleet.names(), keys_path, new_key)
     if not args.json:
-        print(prompt_cache_flags.describe(prompt_cache), flush=True)
+        print(prompt_cache_cli.describe(prompt_cache), flush=True)
     _stop_in_order_on_signals()
     try:
         run_holding_lock(server, sock, f"http://{args.host}:{config.port}")
@@ -274,7 +275,7 @@ def build_fleet(args: argparse.Namespace, prompt_cache: PromptCache | None = Non
         args.goal = FLEET_GOAL
     request, hardware = flags.plan_request(args), flags.hardware(args)
     if prompt_cache is not None:
-        hardware = prompt_cache_flags.reserve_bytes(hardware, prompt_cache.config.ram_budget_bytes)
+        hardware = prompt_cache_cli.reserve_bytes(hardware, prompt_cache.config.ram_budget_bytes)
     embeddings, overrides = getattr(args, "embeddings", None), flags.overrides(args)
 
     def plan(model: Servable, left: Hardware) -> Plan:

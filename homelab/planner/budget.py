@@ -353,7 +353,7 @@ def reserve_host(hardware: Hardware, n_bytes: int, what: str) -> Hardware:
         raise ConfigError(
             f"{what} ({format_gib(n_bytes)}) takes all of the host's "
             f"{format_gib(host.budget_bytes)}.",
-            hint="Lower --cache-ram-mib, or pass --no-prompt-cache.",
+            hint="Lower --prompt-cache-ram-mib, or pass --no-prompt-cache.",
         )
     note = f"{host.budget_note} minus {format_gib(n_bytes)} for {what}"
     shown = f"{RESERVED_NOTE_PREFIX} {format_gib(n_bytes)} for {what} (not planned)"

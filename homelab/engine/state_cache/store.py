@@ -63,7 +63,7 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class EntryInfo:
-    """One saved state as ``homelab cache`` lists it."""
+    """One saved state as ``homelab prompt-cache`` lists it."""
 
     model_id: str
     layout: str
@@ -318,7 +318,7 @@ class PromptCache:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             log.warning(
                 "prompt cache: the disk is full (%s); this state is not saved. Free space or "
-                "lower --cache-disk-mib; serving goes on (prefilling).",
+                "lower --prompt-cache-disk-mib; serving goes on (prefilling).",
                 exc,
             )
             return

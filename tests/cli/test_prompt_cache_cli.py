@@ -1,4 +1,4 @@
-"""``homelab cache``: list, size and clear the saved prompt states, per tenant and per model.
+"""``homelab prompt-cache``: list, size and clear the saved prompt states, per tenant and per model.
 The states are plain bytes written by the store (the CLI never interprets them)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from homelab.cli import main
-from homelab.cli.prompt_cache_flags import cache_folder
+from homelab.cli.prompt_cache import cache_folder
 from homelab.engine.state_cache.key import ModelKey
 from homelab.engine.state_cache.store import CacheConfig, PromptCache
 from homelab.gguf.identity import model_identity
@@ -39,29 +39,29 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
 
 
 def test_list_and_size(saved: ModelKey, capsys: pytest.CaptureFixture[str]) -> None:
-    listed = run_json(capsys, "cache")
+    listed = run_json(capsys, "prompt-cache")
     assert isinstance(listed, list) and len(listed) == 3
-    alice = run_json(capsys, "cache", "list", "--tenant", "alice")
+    alice = run_json(capsys, "prompt-cache", "list", "--tenant", "alice")
     assert isinstance(alice, list) and {e["n_bytes"] for e in alice} == {100, 300}
-    size = run_json(capsys, "cache", "size")
+    size = run_json(capsys, "prompt-cache", "size")
     assert isinstance(size, dict) and size["total_bytes"] == 600
-    assert main(["cache"]) == 0 and "alice" in capsys.readouterr().out
+    assert main(["prompt-cache"]) == 0 and "alice" in capsys.readouterr().out
 
 
 def test_clear_per_tenant_and_per_model(
     saved: ModelKey, capsys: pytest.CaptureFixture[str], demo_model: Callable[..., Path]
 ) -> None:
     model_path = str(demo_model("llama"))
-    assert run_json(capsys, "cache", "clear", "--tenant", "alice", "--model", model_path) == {
-        "removed": 1
-    }
-    left = run_json(capsys, "cache")
+    assert run_json(
+        capsys, "prompt-cache", "clear", "--tenant", "alice", "--model", model_path
+    ) == {"removed": 1}
+    left = run_json(capsys, "prompt-cache")
     assert isinstance(left, list)
     assert {(e["tenant"], e["model_id"] == saved.model_id) for e in left} == {
         ("bob", True),
         ("alice", False),
     }
-    assert run_json(capsys, "cache", "clear") == {"removed": 2}
+    assert run_json(capsys, "prompt-cache", "clear") == {"removed": 2}
     assert not list(cache_folder().rglob("*.state"))
 
 
@@ -69,10 +69,10 @@ def test_plan_shows_the_ram_serve_sets_aside(capsys: pytest.CaptureFixture[str])
     argv = ["plan", "demo", "--no-verify", "--ram", "8GiB"]
     assert main([*argv, "--json"]) == 0
     plain = json.loads(capsys.readouterr().out)
-    assert main([*argv, "--cache-ram-mib", "512", "--json"]) == 0
+    assert main([*argv, "--prompt-cache-ram-mib", "512", "--json"]) == 0
     reserved = json.loads(capsys.readouterr().out)
     assert _host_budget(plain) - _host_budget(reserved) == 512 * 1024 * 1024
-    assert main([*argv, "--cache-ram-mib", "512"]) == 0
+    assert main([*argv, "--prompt-cache-ram-mib", "512"]) == 0
     assert "set aside on the host: 0.50 GiB for the prompt cache" in capsys.readouterr().out
 
 
