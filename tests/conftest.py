@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-pytest_plugins = ["fake_hub_fixtures"]  # FakeHub fixtures for tests/hub and tests/tui
+# the FakeHub (tests/hub, models, tui) and the repos it serves (tests/hub, tests/cli)
+pytest_plugins = ["fake_hub_fixtures", "hub_repo_fixtures"]
 
 DEFAULT_TEST_DEMO_CACHE = Path("~/.cache/homelab-test-models").expanduser()
 

@@ -1,6 +1,7 @@
-"""Fixtures for the hub tests: the repos the FakeHub serves (generated GGUF files). The
-FakeHub itself and the environment pointing at it (``fake_hub``, ``hub_env``) are shared
-with other packages: see ``tests/fake_hub_fixtures.py``."""
+"""The repos the FakeHub serves to the hub's tests and the hub verbs' (tests/hub, tests/cli):
+generated GGUF files. Registered as a plugin in ``tests/conftest.py``. The FakeHub itself and
+the environment pointing at it (``fake_hub``, ``hub_env``) are in
+``tests/fake_hub_fixtures.py``."""
 
 from __future__ import annotations
 

@@ -9,19 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from tui_fakes import FakeHardware
-
-from homelab.tui.status import status_document
-
-
-def test_status_names_the_demo_model_and_its_plan(cpu_machine: FakeHardware) -> None:
-    document = status_document(None, cpu_machine)
-    assert document["model"]["demo"] is True
-    assert document["model"]["note"].startswith(
-        "small demo model trained on Python's documentation"
-    )
-    assert document["hardware"]["has_gpu"] is False
-    assert set(document["plan"]) >= {"settings", "memory", "capacity", "fits", "reasons"}
 
 
 def test_tui_json_runs_from_the_command_line(tmp_path: Path) -> None:

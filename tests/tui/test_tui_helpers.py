@@ -5,13 +5,14 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from tui_fakes import GIB, MIB, fake_rtx_24gb, gpu_24gb_machine
+from tui_fakes import GIB, MIB, FakeHardware, fake_rtx_24gb, gpu_24gb_machine
 
 from homelab.tui.bars import share_cells
 from homelab.tui.format import human_tokens
 from homelab.tui.handoff import Coalescer, Inbox, TextBuffer
 from homelab.tui.hardware_source import live_from_report, vram_share
 from homelab.tui.knobs import Knobs, cycle
+from homelab.tui.status import status_document
 from homelab.units import format_size
 
 
@@ -79,3 +80,13 @@ def test_sizes_read_like_a_person_wrote_them() -> None:
     assert human_tokens(131072) == "128k" and human_tokens(1 << 20) == "1M"
     assert human_tokens(10496) == "10.2k"  # floored: never more than is reachable
     assert human_tokens(1000) == "1000"
+
+
+def test_status_names_the_demo_model_and_its_plan(cpu_machine: FakeHardware) -> None:
+    document = status_document(None, cpu_machine)
+    assert document["model"]["demo"] is True
+    assert document["model"]["note"].startswith(
+        "small demo model trained on Python's documentation"
+    )
+    assert document["hardware"]["has_gpu"] is False
+    assert set(document["plan"]) >= {"settings", "memory", "capacity", "fits", "reasons"}

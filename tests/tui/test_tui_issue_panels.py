@@ -70,7 +70,7 @@ async def test_live_panel_shows_speculation_acceptance(
 
 
 class Worker:
-    """A real ``homelab worker`` on 127.0.0.1 (CPU device), as tests/rpc starts them."""
+    """A real ``homelab worker`` on 127.0.0.1 (CPU device), as tests/llamacpp/rpc starts them."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -149,7 +149,7 @@ async def test_rpc_worker_is_listed_and_planned_with(
 
 
 def test_the_dashboard_loads_through_the_worker(lone_demo_model: Path, rpc_worker: Worker) -> None:
-    """The load registers the worker process-wide, so it runs in a child (as tests/rpc do)."""
+    """The load registers the worker process-wide, so it runs in a child (as the RPC tests do)."""
     import json
 
     child = Path(__file__).with_name("rpc_tui_child.py")

@@ -1,7 +1,7 @@
 """Plan, load and generate greedily in a process of its own, printing one JSON document.
 
-    python tests/rpc/rpc_child.py MODEL_PATH PROMPT [ENDPOINT,ENDPOINT BUDGET_BYTES
-                                                     [SPLIT_MODE MAIN_GPU]]
+    python tests/llamacpp/rpc/rpc_child.py MODEL_PATH PROMPT [ENDPOINT,ENDPOINT BUDGET_BYTES
+                                                              [SPLIT_MODE MAIN_GPU]]
 
 Registering RPC workers is process-wide in ggml (and llama.cpp aborts the process when a
 worker dies), so the RPC tests never load through workers inside the pytest process.

@@ -13,7 +13,7 @@ import pytest
 from homelab.hardware.build import read_build
 from homelab.llamacpp.rpc import available
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRINT = 'print-cmake-args: ; @echo "$$CMAKE_ARGS|$(PIP_CACHE_FLAG)"'
 
 

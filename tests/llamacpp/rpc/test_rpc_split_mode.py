@@ -27,7 +27,7 @@ from homelab.planner.memory import estimate_memory
 from homelab.planner.plan import plan_model
 from homelab.planner.search import PlanRequest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "hardware"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "hardware"))
 from test_gpu_detection import CUDA_BUILD, FakeGpu, FakeNvml  # tests/hardware's fake NVML
 
 BIG_BUDGET = str(4 << 30)  # one worker can hold the whole demo model
