@@ -1,8 +1,15 @@
-"""README's Layout names every module of the package, and only modules that exist.
+"""README's Layout names every module of the package, and only modules that exist; tests/
+mirrors the package.
 
 The Layout is an indented tree: a line whose first word ends with ``/`` opens a folder (its
 parent is the nearest less-indented folder); the ``*.py`` words a line starts with are modules
 of the folder it is indented under. ``__init__.py`` files are not listed.
+
+tests/ (the rule README's Layout states): a folder of tests/ that holds Python files is named
+for what it tests, ``tests/X/Y/`` for the package ``homelab/X/Y/`` or the module
+``homelab/X/Y.py`` (``tests/llamacpp/rpc/``); tests that cross packages, shared helpers and
+fixture plugins sit at the top of tests/. A verb's own test (``test_<verb>_cli.py``) sits in
+``tests/cli/``.
 """
 
 from __future__ import annotations
@@ -56,6 +63,42 @@ def test_the_layout_names_every_module_and_no_other() -> None:
     actual = package_modules()
     assert not actual - named, f"modules the README's Layout does not name: {actual - named}"
     assert not named - actual, f"the Layout names modules that do not exist: {named - actual}"
+
+
+def misplaced_tests(test_files: list[Path], package: Path) -> list[str]:
+    """The files (paths relative to tests/) that break the rule above."""
+    wrong = []
+    for path in test_files:
+        folder = path.parent
+        if folder == Path("."):
+            continue
+        target = package / folder
+        if not (target.is_dir() or target.with_suffix(".py").is_file()):
+            wrong.append(f"{path}: no homelab/{folder}/ or homelab/{folder}.py to mirror")
+        elif path.name.endswith("_cli.py") and folder != Path("cli"):
+            wrong.append(f"{path}: a verb's test belongs in tests/cli/")
+    return wrong
+
+
+def test_tests_mirror_the_package() -> None:
+    tests = ROOT / "tests"
+    files = [path.relative_to(tests) for path in tests.rglob("*.py")]
+    assert not misplaced_tests(files, ROOT / "homelab")
+
+
+def test_a_test_outside_the_mirror_is_found() -> None:
+    files = [
+        Path("test_layout.py"),  # cross-cutting, at the top
+        Path("server/tools/test_detect.py"),  # homelab/server/tools/
+        Path("llamacpp/rpc/test_split.py"),  # homelab/llamacpp/rpc.py
+        Path("cli/test_plan_cli.py"),
+        Path("rpc/test_split.py"),  # no homelab/rpc
+        Path("server/test_serve_cli.py"),  # a verb's test outside tests/cli
+    ]
+    assert misplaced_tests(files, ROOT / "homelab") == [
+        "rpc/test_split.py: no homelab/rpc/ or homelab/rpc.py to mirror",
+        "server/test_serve_cli.py: a verb's test belongs in tests/cli/",
+    ]
 
 
 def test_the_parser_reads_folders_by_indentation() -> None:
