@@ -2,7 +2,8 @@
 
 Demo models exist so everything (planning, the engine, the server, the TUI) can be tried
 and tested without downloading gigabytes. They are cached; with a PATH the cached file is
-copied there. Every verb also takes them as MODEL: ``demo[:ARCH][:SIZE][:QUANT]``.
+copied there. Every verb also takes them as MODEL: ``demo:ARCH[:SIZE][:QUANT]`` (``demo``
+alone is the shipped trained model, not one of these).
 """
 
 from __future__ import annotations
