@@ -90,3 +90,31 @@ def test_status_names_the_demo_model_and_its_plan(cpu_machine: FakeHardware) -> 
     )
     assert document["hardware"]["has_gpu"] is False
     assert set(document["plan"]) >= {"settings", "memory", "capacity", "fits", "reasons"}
+
+
+def test_the_plan_panels_bar_and_legend_show_every_part_of_the_device() -> None:
+    """The dashboard draws DeviceMemory.parts(): a draft and a projector take their share of
+    the bar and are named in the legend (not drawn as free)."""
+    from homelab.planner.memory import DeviceMemory
+    from homelab.tui.plan_view import device_segments, legend
+
+    device = DeviceMemory(
+        "CPU",
+        "cpu",
+        "host RAM",
+        100 * MIB,
+        10 * MIB,
+        20 * MIB,
+        0,
+        5 * MIB,
+        1 * MIB,
+        draft_bytes=7 * MIB,
+        projector_bytes=9 * MIB,
+    )
+    segments = device_segments(device)
+    assert [(s.label, s.amount) for s in segments[:-1]] == [
+        (part.label, part.size_bytes) for part in device.parts()
+    ]
+    assert (segments[-1].label, segments[-1].amount) == ("free", 48 * MIB)
+    text = legend(device, None)
+    assert "draft 7.0 MiB" in text and "projector 9.0 MiB" in text and "free 48.0 MiB" in text
