@@ -161,7 +161,7 @@ def _content(text: str, images: list[Any] | None) -> str | list[dict[str, Any]]:
 def _template_message(message: OllamaMessage) -> dict[str, Any]:
     rendered: dict[str, Any] = {
         "role": message.role,
-        "content": _content(message.content, message.images),
+        "content": _content(message.content or "", message.images),
     }
     if message.tool_calls:
         rendered["tool_calls"] = [

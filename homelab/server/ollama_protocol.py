@@ -109,7 +109,7 @@ def _images(value: Any, info: ValidationInfo) -> list[Any] | None:
 
 class OllamaMessage(_Wire):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = ""
+    content: str | None = None  # left out (or null) beside images or tool calls: empty
     thinking: str | None = None
     images: Annotated[Any, WithJsonSchema({"type": "array", "items": {"type": "string"}})] = None
     tool_calls: list[OllamaToolCall] | None = None
