@@ -241,7 +241,9 @@ def _start_server(args: argparse.Namespace, command: list[str], planned: Endpoin
         file=sys.stderr,
     )
     url = _wait_until_serving(process, log_path)
-    return _running_endpoint(argparse.Namespace(**{**vars(args), "api_key": key}), url)
+    return _running_endpoint(
+        argparse.Namespace(**{**vars(args), "api_key": key, "model": planned.model}), url
+    )
 
 
 def _wait_until_serving(process: subprocess.Popen[bytes], log_path: Path) -> str:
