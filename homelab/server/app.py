@@ -76,6 +76,7 @@ from homelab.server.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    body_doc,
 )
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
@@ -230,11 +231,6 @@ async def _keep_alive(request: Request) -> float | bool | None:
         raise invalid_request(exc.message, param="keep_alive") from None
 
 
-def _body_doc(name: str) -> dict[str, Any]:
-    schema = {"$ref": f"#/components/schemas/{name}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", responses={503: {"description": "the model is loading, or failed"}})
     async def health() -> JSONResponse:
@@ -287,7 +283,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/chat/completions",
         response_model=ChatCompletionResponse,
         responses=ERROR_RESPONSES,
-        openapi_extra=_body_doc("ChatCompletionRequest"),
+        openapi_extra=body_doc("ChatCompletionRequest"),
     )
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
@@ -298,7 +294,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/completions",
         response_model=CompletionResponse,
         responses=ERROR_RESPONSES,
-        openapi_extra=_body_doc("CompletionRequest"),
+        openapi_extra=body_doc("CompletionRequest"),
     )
     async def text_completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
@@ -306,7 +302,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return await completions.text_completion(ctx, body)
 
     @app.post(
-        "/v1/responses", responses=ERROR_RESPONSES, openapi_extra=_body_doc("ResponsesRequest")
+        "/v1/responses", responses=ERROR_RESPONSES, openapi_extra=body_doc("ResponsesRequest")
     )
     async def create_response(request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
@@ -324,7 +320,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @app.post(
-        "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=_body_doc("EmbeddingRequest")
+        "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=body_doc("EmbeddingRequest")
     )
     async def create_embeddings(request: Request) -> Response:
         body = await parse_body(request, embeddings.EmbeddingRequest)
@@ -335,7 +331,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/messages",
         response_model=MessageResponse,
         responses=ANTHROPIC_ERRORS,
-        openapi_extra=_body_doc("MessagesRequest"),
+        openapi_extra=body_doc("MessagesRequest"),
     )
     async def create_message(request: Request) -> Response:
         body = await parse_body(request, MessagesRequest)
@@ -346,7 +342,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/messages/count_tokens",
         response_model=MessageTokensCount,
         responses=ANTHROPIC_ERRORS,
-        openapi_extra=_body_doc("CountTokensRequest"),
+        openapi_extra=body_doc("CountTokensRequest"),
     )
     async def count_message_tokens(request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)

@@ -55,6 +55,7 @@ from homelab.server.ollama_protocol import (
 )
 from homelab.server.pieces import ContentDelta, ReasoningDelta, StreamPiece, ToolCall
 from homelab.server.prompting import ChatInputs, prepare_chat
+from homelab.server.protocol import body_doc
 from homelab.server.replies import ParsedChoice, ReplyFormat
 from homelab.server.serving import (
     Prompt,
@@ -452,25 +453,25 @@ def add_routes(app: FastAPI, host: OllamaHost, parse: ParseFn[Any], context: Con
         check_model_name(ctx.config, served)
         return ctx, Timing(started_s, time.perf_counter() - started_s)
 
-    @app.post("/api/chat", tags=["ollama"])
+    @app.post("/api/chat", tags=["ollama"], openapi_extra=body_doc("OllamaChatRequest"))
     async def ollama_chat(request: Request) -> Response:
         body = await parse(request, OllamaChatRequest)
         ctx, timing = await opened(request, body.model)
         return await chat(ctx, body, timing)
 
-    @app.post("/api/generate", tags=["ollama"])
+    @app.post("/api/generate", tags=["ollama"], openapi_extra=body_doc("OllamaGenerateRequest"))
     async def ollama_generate(request: Request) -> Response:
         body = await parse(request, OllamaGenerateRequest)
         ctx, timing = await opened(request, body.model)
         return await generate(ctx, body, timing)
 
-    @app.post("/api/embed", tags=["ollama"])
+    @app.post("/api/embed", tags=["ollama"], openapi_extra=body_doc("OllamaEmbedRequest"))
     async def ollama_embed(request: Request) -> Response:
         body = await parse(request, OllamaEmbedRequest)
         ctx, timing = await opened(request, body.model)
         return await embed(ctx, body, timing)
 
-    @app.post("/api/embeddings", tags=["ollama"])
+    @app.post("/api/embeddings", tags=["ollama"], openapi_extra=body_doc("OllamaEmbeddingsRequest"))
     async def ollama_embeddings(request: Request) -> Response:
         body = await parse(request, OllamaEmbeddingsRequest)
         ctx, _ = await opened(request, body.model)
@@ -494,7 +495,7 @@ def _add_model_routes(app: FastAPI, host: OllamaHost, parse: ParseFn[Any]) -> No
         listed = await listed_models(host.config, host.fleet, host.engine_provider)
         return JSONResponse({"models": [ps_entry(m) for m in listed if m.engine is not None]})
 
-    @app.post("/api/show", tags=["ollama"])
+    @app.post("/api/show", tags=["ollama"], openapi_extra=body_doc("OllamaModelRequest"))
     async def ollama_show(request: Request) -> JSONResponse:
         body = await parse(request, OllamaModelRequest)
         name = served_name(host, body.model_name)
@@ -504,7 +505,7 @@ def _add_model_routes(app: FastAPI, host: OllamaHost, parse: ParseFn[Any]) -> No
             raise ApiError(404, f"model '{body.model_name}' not found", param="model")
         return JSONResponse(await show_body(found, host.fleet))
 
-    @app.post("/api/pull", tags=["ollama"])
+    @app.post("/api/pull", tags=["ollama"], openapi_extra=body_doc("OllamaModelRequest"))
     async def ollama_pull(request: Request) -> Response:
         body = await parse(request, OllamaModelRequest)
         name = served_name(host, body.model_name)

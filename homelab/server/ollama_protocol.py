@@ -51,10 +51,21 @@ FormatJson = WithJsonSchema(
     {"anyOf": [{"type": "string", "enum": ["", "json"]}, {"type": "object"}, {"type": "null"}]}
 )
 ThinkJson = WithJsonSchema(
-    {"anyOf": [{"type": "boolean"}, {"type": "string", "enum": list(THINK_LEVELS)}]}
+    {
+        "anyOf": [
+            {"type": "boolean"},
+            {"type": "string", "enum": list(THINK_LEVELS)},
+            {"type": "null"},
+        ]
+    }
 )
-KeepAliveJson = WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "number"}]})
+KeepAliveJson = WithJsonSchema(
+    {"anyOf": [{"type": "string"}, {"type": "number"}, {"type": "null"}]}
+)
 KeepAlive = Annotated[Any, AfterValidator(_keep_alive), KeepAliveJson]
+ImagesJson = WithJsonSchema(
+    {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "null"}]}
+)
 EmbedInputJson = WithJsonSchema(
     {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}]}
 )
@@ -111,7 +122,7 @@ class OllamaMessage(_Wire):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None  # left out (or null) beside images or tool calls: empty
     thinking: str | None = None
-    images: Annotated[Any, WithJsonSchema({"type": "array", "items": {"type": "string"}})] = None
+    images: Annotated[Any, ImagesJson] = None
     tool_calls: list[OllamaToolCall] | None = None
     tool_name: str | None = None
     tool_call_id: str | None = None
@@ -176,7 +187,7 @@ class OllamaGenerateRequest(_OllamaGeneration):
     template: str | None = None
     raw: bool = False
     context: list[int] | None = None
-    images: Annotated[Any, WithJsonSchema({"type": "array", "items": {"type": "string"}})] = None
+    images: Annotated[Any, ImagesJson] = None
 
     @field_validator("images")
     @classmethod
