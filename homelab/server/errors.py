@@ -2,6 +2,9 @@
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
+(Anthropic's on ``/v1/messages``, Ollama's ``{"error": "..."}`` on ``/api/``:
+:meth:`ApiError.envelope_for`.)
+
 Everything that goes wrong while handling a request ends up as an :class:`ApiError`:
 validation problems are raised as ``ApiError`` directly, and :func:`api_error_from` maps
 our :mod:`homelab.errors` types (and anything unexpected) to one. Unexpected exceptions
