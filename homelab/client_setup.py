@@ -126,7 +126,7 @@ def _claude(endpoint: Endpoint, _home: Path) -> ClientSetup:
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(endpoint.output_tokens),
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
-    notes = ()
+    notes: tuple[str, ...] = ()
     if endpoint.context_tokens >= CLAUDE_DEFAULT_WINDOW:
         notes = (
             f"Claude Code honours CLAUDE_CODE_AUTO_COMPACT_WINDOW only below "
@@ -236,7 +236,7 @@ def _open_webui(endpoint: Endpoint, _home: Path) -> ClientSetup:
         "ENABLE_OLLAMA_API": "true" if endpoint.keyless else "false",
         "OLLAMA_BASE_URL": endpoint.url,
     }
-    notes = ()
+    notes: tuple[str, ...] = ()
     if not endpoint.keyless:
         notes = (
             "Open WebUI's Ollama connection is off: this server wants a key and Open WebUI "

@@ -54,7 +54,7 @@ from homelab.server.ollama_protocol import (
     OllamaOptions,
 )
 from homelab.server.pieces import ContentDelta, ReasoningDelta, StreamPiece, ToolCall
-from homelab.server.prompting import ChatInputs, prepare_chat
+from homelab.server.prompting import AnswerFormat, ChatInputs, prepare_chat
 from homelab.server.protocol import body_doc
 from homelab.server.replies import ParsedChoice, ReplyFormat
 from homelab.server.serving import (
@@ -137,10 +137,10 @@ def generate_inputs(req: OllamaGenerateRequest) -> ChatInputs:
     )
 
 
-def _answer_format(fmt: str | dict[str, Any] | None) -> tuple[Any, dict[str, Any] | None]:
-    if fmt is None:
-        return "text", None
-    return ("json_object", None) if fmt == "json" else ("json_schema", fmt)
+def _answer_format(fmt: str | dict[str, Any] | None) -> tuple[AnswerFormat, dict[str, Any] | None]:
+    if isinstance(fmt, dict):
+        return "json_schema", fmt
+    return ("json_object", None) if fmt == "json" else ("text", None)
 
 
 def _thinking(think: bool | str | None) -> dict[str, Any]:
