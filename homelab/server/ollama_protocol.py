@@ -218,7 +218,7 @@ class OllamaGenerateRequest(_OllamaGeneration):
 class OllamaEmbedRequest(_Wire):
     model: str = Field(min_length=1)
     input: Annotated[Any, EmbedInputJson]
-    truncate: bool = True
+    truncate: bool = True  # accepted; an input longer than the model takes is refused, never cut
     dimensions: int | None = Field(default=None, ge=1, le=INT64_MAX)
     keep_alive: KeepAlive = None
 
