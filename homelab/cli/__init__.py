@@ -35,6 +35,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "worker": ("worker", "offer this machine's devices to another homelab (llama.cpp RPC)"),
     "ps": ("ps", "show the models a running server has loaded"),
     "prompt-cache": ("prompt_cache", "list, size or clear the prompt states serve keeps on disk"),
+    "launch": ("launch", "set up Claude Code, Codex, OpenCode or Open WebUI for homelab; start it"),
     "bench": ("bench", "measure tok/s per setting and concurrency x KV type"),
     "quality": ("quality", "measure the quality cost of the plan (KLD, ppl)"),
     "search": ("search", "find GGUF repos and files on the Hugging Face hub"),
@@ -42,6 +43,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "models": ("models", "list local GGUF models and how they fit"),
     "quantize": ("quantize", "quantize a model locally with llama.cpp"),
 }
+PASSTHROUGH_VERBS = frozenset({"launch"})  # `homelab launch claude -- ARGS`: ARGS to the client
 
 
 def verb_module(verb: str) -> object:
@@ -80,7 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         args_list = ["tui", *args_list]
     verb = args_list[0] if args_list[0] in VERBS else None
+    passthrough: list[str] = []
+    if verb in PASSTHROUGH_VERBS and "--" in args_list:  # the rest goes to the started program
+        cut = args_list.index("--")
+        args_list, passthrough = args_list[:cut], args_list[cut + 1 :]
     args = build_parser(only=verb or "").parse_args(args_list)
+    args.passthrough = passthrough
     if args.version:
         from homelab import __version__
 

@@ -28,7 +28,16 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from homelab.engine.state_cache.store import PromptCache
 from homelab.errors import HomelabError
-from homelab.server import anthropic, chat, completions, embeddings, responses, slots_admin
+from homelab.server import (
+    anthropic,
+    chat,
+    completions,
+    embeddings,
+    model_cards,
+    ollama,
+    responses,
+    slots_admin,
+)
 from homelab.server.anthropic_protocol import (
     AnthropicErrorResponse,
     CountTokensRequest,
@@ -58,6 +67,8 @@ from homelab.server.middleware import (
     RequestRecord,
     TenantGate,
 )
+from homelab.server.model_cards import model_details
+from homelab.server.ollama_protocol import OLLAMA_REQUEST_MODELS
 from homelab.server.protocol import (
     REQUEST_MODELS,
     ChatCompletionRequest,
@@ -65,15 +76,19 @@ from homelab.server.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    body_doc,
 )
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
-from homelab.server.reasoning import detect_reasoning
 from homelab.server.response_store import ResponseStore
 from homelab.server.responses_protocol import ResponsesRequest
 from homelab.server.serving import RequestContext
 
-NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (ResponsesRequest, embeddings.EmbeddingRequest)
+NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (
+    ResponsesRequest,
+    embeddings.EmbeddingRequest,
+    *OLLAMA_REQUEST_MODELS,
+)
 ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest)
 ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse} for status in (400, 401, 403, 404, 413, 429, 500, 503)
@@ -151,6 +166,8 @@ def create_app(
     _add_routes(app, state)
     state.prompt_cache = prompt_cache
     slots_admin.add_routes(app, prompt_cache, lambda model: _admin_engine(state, model))
+    ollama.add_routes(app, state, parse_body, lambda r, model: serving_context(state, r, model))
+    model_cards.add_routes(app, state)  # /props, LM Studio's /api/v0/models
     if fleet is not None:
         _add_fleet_routes(app, state, fleet)
     _add_error_handlers(app)
@@ -214,11 +231,6 @@ async def _keep_alive(request: Request) -> float | bool | None:
         raise invalid_request(exc.message, param="keep_alive") from None
 
 
-def _body_doc(name: str) -> dict[str, Any]:
-    schema = {"$ref": f"#/components/schemas/{name}"}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", responses={503: {"description": "the model is loading, or failed"}})
     async def health() -> JSONResponse:
@@ -271,7 +283,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/chat/completions",
         response_model=ChatCompletionResponse,
         responses=ERROR_RESPONSES,
-        openapi_extra=_body_doc("ChatCompletionRequest"),
+        openapi_extra=body_doc("ChatCompletionRequest"),
     )
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
@@ -282,7 +294,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/completions",
         response_model=CompletionResponse,
         responses=ERROR_RESPONSES,
-        openapi_extra=_body_doc("CompletionRequest"),
+        openapi_extra=body_doc("CompletionRequest"),
     )
     async def text_completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
@@ -290,7 +302,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return await completions.text_completion(ctx, body)
 
     @app.post(
-        "/v1/responses", responses=ERROR_RESPONSES, openapi_extra=_body_doc("ResponsesRequest")
+        "/v1/responses", responses=ERROR_RESPONSES, openapi_extra=body_doc("ResponsesRequest")
     )
     async def create_response(request: Request) -> Response:
         body = await parse_body(request, ResponsesRequest)
@@ -308,7 +320,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @app.post(
-        "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=_body_doc("EmbeddingRequest")
+        "/v1/embeddings", responses=ERROR_RESPONSES, openapi_extra=body_doc("EmbeddingRequest")
     )
     async def create_embeddings(request: Request) -> Response:
         body = await parse_body(request, embeddings.EmbeddingRequest)
@@ -319,7 +331,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/messages",
         response_model=MessageResponse,
         responses=ANTHROPIC_ERRORS,
-        openapi_extra=_body_doc("MessagesRequest"),
+        openapi_extra=body_doc("MessagesRequest"),
     )
     async def create_message(request: Request) -> Response:
         body = await parse_body(request, MessagesRequest)
@@ -330,7 +342,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         "/v1/messages/count_tokens",
         response_model=MessageTokensCount,
         responses=ANTHROPIC_ERRORS,
-        openapi_extra=_body_doc("CountTokensRequest"),
+        openapi_extra=body_doc("CountTokensRequest"),
     )
     async def count_message_tokens(request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
@@ -397,45 +409,8 @@ def _model_card(state: ServerState) -> dict[str, Any]:
     return card | (model_details(engine) if engine is not None else {})
 
 
-def model_details(engine: EngineLike) -> dict[str, Any]:
-    """A loaded model's context and capabilities, under the names clients read them:
-    ``context_length`` (OpenRouter's, read by LiteLLM-style fetchers), ``max_model_len``
-    (vLLM's), ``meta.n_ctx`` / ``meta.n_ctx_train`` (llama-server's),
-    ``capabilities`` (Ollama's strings) and ``architecture.input_modalities`` (images when a
-    vision projector is loaded).
-    The context is what one request may use: a slot's, not the trained maximum."""
-    template = engine.chat_template
-    info = engine.model_info
-    tools = template is not None and template.supports_tools
-    thinks = template is not None and detect_reasoning(template.source) is not None
-    sees = engine.image_marker is not None  # a vision projector is loaded
-    capabilities = [
-        "completion",
-        *(["tools"] if tools else []),
-        *(["thinking"] if thinks else []),
-        *(["vision"] if sees else []),
-    ]
-    return {
-        "context_length": engine.n_ctx_per_slot,
-        "max_model_len": engine.n_ctx_per_slot,
-        "meta": {
-            "n_ctx": engine.n_ctx_per_slot,
-            "n_ctx_train": info.context_length,
-            "n_vocab": info.n_vocab,
-            "n_params": info.n_params,
-            "size": info.file_bytes,
-        },
-        "capabilities": capabilities,
-        "supports": {"tools": tools, "reasoning": thinks, "vision": sees},
-        "architecture": {
-            "input_modalities": ["text", "image"] if sees else ["text"],
-            "output_modalities": ["text"],
-        },
-    }
-
-
 def _error_response(error: ApiError, path: str = "") -> JSONResponse:
-    envelope = error.envelope_for(path)  # Anthropic's shape on /v1/messages, OpenAI's elsewhere
+    envelope = error.envelope_for(path)  # Anthropic's on /v1/messages, Ollama's on /api/
     return JSONResponse(envelope, status_code=error.status, headers=error.headers)
 
 

@@ -96,12 +96,7 @@ class EmbeddingRequest(_Wire):
 async def create_embeddings(ctx: RequestContext, req: EmbeddingRequest) -> Response:
     check_model_name(ctx.config, req.model)
     embedder = embedder_of(ctx, req.model)
-    if req.dimensions is not None and req.dimensions != embedder.n_embd:
-        raise invalid_request(
-            f"This model's embeddings have {embedder.n_embd} dimensions; other values of "
-            f"'dimensions' are not supported (got {req.dimensions}).",
-            param="dimensions",
-        )
+    check_dimensions(embedder, req.dimensions)
     inputs = req.inputs()
     if ctx.config.log_prompts:
         log.info("embeddings input tenant=%s: %r", ctx.tenant.name, inputs)
@@ -115,6 +110,29 @@ async def create_embeddings(ctx: RequestContext, req: EmbeddingRequest) -> Respo
     ]
     usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
     return JSONResponse({"object": "list", "data": data, "model": req.model, "usage": usage})
+
+
+async def embed_texts(
+    ctx: RequestContext, model: str, texts: Sequence[str], dimensions: int | None
+) -> tuple[list[np.ndarray], int]:
+    """Unit vectors for ``texts`` and their prompt tokens, recorded like a request of this
+    route (Ollama's ``/api/embed`` and ``/api/embeddings``)."""
+    embedder = embedder_of(ctx, model)
+    check_dimensions(embedder, dimensions)
+    tokens = await _tokenized(embedder, list(texts))
+    vectors = await _embedded(embedder, tokens)
+    prompt_tokens = sum(len(t) for t in tokens)
+    _record(ctx, prompt_tokens)
+    return vectors, prompt_tokens
+
+
+def check_dimensions(embedder: EmbedderLike, dimensions: int | None) -> None:
+    if dimensions is not None and dimensions != embedder.n_embd:
+        raise invalid_request(
+            f"This model's embeddings have {embedder.n_embd} dimensions; other values of "
+            f"'dimensions' are not supported (got {dimensions}).",
+            param="dimensions",
+        )
 
 
 def embedder_of(ctx: RequestContext, model: str) -> EmbedderLike:

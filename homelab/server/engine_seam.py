@@ -13,7 +13,7 @@ A closed engine raises :class:`~homelab.errors.EngineClosedError` from ``submit`
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -97,6 +97,7 @@ class EngineLike(Protocol):
     ) -> ImagePrompt: ...
 
 
+@runtime_checkable
 class LoadedEngine(EngineLike, Protocol):
     """An engine the server loaded itself (the fleet's): what llama.cpp allocated, and
     closing it."""

@@ -2,6 +2,9 @@
 
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
+(Anthropic's on ``/v1/messages``, Ollama's ``{"error": "..."}`` on ``/api/``:
+:meth:`ApiError.envelope_for`.)
+
 Everything that goes wrong while handling a request ends up as an :class:`ApiError`:
 validation problems are raised as ``ApiError`` directly, and :func:`api_error_from` maps
 our :mod:`homelab.errors` types (and anything unexpected) to one. Unexpected exceptions
@@ -54,6 +57,7 @@ ANTHROPIC_ERROR_TYPES: dict[int, str] = {
     529: "overloaded_error",
 }
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
+OLLAMA_PATH_PREFIX = "/api/"  # Ollama's routes: errors as {"error": "..."}
 
 GENERIC_500_MESSAGE = "The server had an error while processing your request."
 
@@ -61,6 +65,11 @@ GENERIC_500_MESSAGE = "The server had an error while processing your request."
 def speaks_anthropic(path: str) -> bool:
     """Whether errors on ``path`` take Anthropic's envelope (``/v1/messages`` and below)."""
     return path == ANTHROPIC_PATH_PREFIX or path.startswith(ANTHROPIC_PATH_PREFIX + "/")
+
+
+def speaks_ollama(path: str) -> bool:
+    """Whether errors on ``path`` take Ollama's envelope (``/api/...``)."""
+    return path.startswith(OLLAMA_PATH_PREFIX)
 
 
 @dataclass
@@ -93,9 +102,15 @@ class ApiError(Exception):
         """``{"type": "error", "error": {"type": ..., "message": ...}}``"""
         return {"type": "error", "error": {"type": self.anthropic_type, "message": self.message}}
 
+    def ollama_envelope(self) -> dict[str, Any]:
+        """``{"error": "..."}``: Ollama's whole envelope (its clients read only the text)."""
+        return {"error": self.message}
+
     def envelope_for(self, path: str) -> dict[str, Any]:
         """The envelope of the dialect the route at ``path`` speaks."""
-        return self.anthropic_envelope() if speaks_anthropic(path) else self.envelope()
+        if speaks_anthropic(path):
+            return self.anthropic_envelope()
+        return self.ollama_envelope() if speaks_ollama(path) else self.envelope()
 
     def json_bytes(self, path: str = "") -> bytes:
         return json.dumps(self.envelope_for(path)).encode()

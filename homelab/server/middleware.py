@@ -49,9 +49,11 @@ def _is_admin_path(path: str) -> bool:
 GENERATION_PATHS = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings"}
     | {"/v1/messages", "/v1/messages/count_tokens"}
+    | {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings"}  # Ollama's
 )
 KNOWN_ROUTES = frozenset(
-    {*PUBLIC_PATHS, *ADMIN_PATHS, *GENERATION_PATHS, "/v1/models", "/openapi.json"}
+    {*PUBLIC_PATHS, *ADMIN_PATHS, *GENERATION_PATHS, "/v1/models", "/openapi.json", "/props"}
+    | {"/api/tags", "/api/show", "/api/ps", "/api/version", "/api/pull", "/api/v0/models"}
 )
 MAX_KEY_CHARS = 512
 LOCAL = Tenant(LOCAL_TENANT, admin=True, limits=TenantLimits(max_concurrent_requests=0))  # one user

@@ -563,3 +563,10 @@ class ErrorResponse(BaseModel):
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (ChatCompletionRequest, CompletionRequest, TextPart)
+
+
+def body_doc(name: str) -> dict[str, Any]:
+    """A route's ``openapi_extra``: its JSON body is the schema ``name`` (bodies are parsed by
+    hand from raw bytes, so FastAPI cannot see them)."""
+    schema = {"$ref": f"#/components/schemas/{name}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}

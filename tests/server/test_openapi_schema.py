@@ -30,6 +30,11 @@ def test_openapi_document_is_valid(server: ServerHandle) -> None:
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"} <= set(
         paths
     )
+    assert {"/api/chat", "/api/generate", "/api/embed", "/api/tags", "/api/show", "/props"} <= set(
+        paths
+    )
+    ollama_chat = paths["/api/chat"]["post"]["requestBody"]["content"]["application/json"]
+    assert ollama_chat["schema"]["$ref"].endswith("/OllamaChatRequest")
     chat = paths["/v1/chat/completions"]["post"]
     assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(
         "/ChatCompletionRequest"
@@ -65,5 +70,7 @@ def test_fuzzing_finds_no_server_errors(case: Any, server: ServerHandle) -> None
     if response.status_code >= 400 and case.path.startswith("/v1/messages"):  # Anthropic's shape
         assert response.json()["type"] == "error"
         assert set(response.json()["error"]) == {"type", "message"}
+    elif response.status_code >= 400 and case.path.startswith("/api/"):  # Ollama's shape
+        assert set(response.json()) == {"error"} and isinstance(response.json()["error"], str)
     elif response.status_code >= 400:
         assert set(response.json()["error"]) == {"message", "type", "param", "code"}
