@@ -28,7 +28,16 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from homelab.engine.state_cache.store import PromptCache
 from homelab.errors import HomelabError
-from homelab.server import anthropic, chat, completions, embeddings, responses, slots_admin
+from homelab.server import (
+    anthropic,
+    chat,
+    completions,
+    dashboard,
+    embeddings,
+    responses,
+    slots_admin,
+    web_page,
+)
 from homelab.server.anthropic_protocol import (
     AnthropicErrorResponse,
     CountTokensRequest,
@@ -102,6 +111,8 @@ class ServerState:
         self.metrics = ServerMetrics()
         self.limiter = TenantLimiter()
         self.subscribers: list[RequestSubscriber] = []
+        self.request_log = dashboard.RequestLog()  # the web page's dashboard
+        self.subscribers.append(self.request_log.observe)
         self.started = int(time.time())
         self.responses = ResponseStore(
             config.stored_responses, config.stored_response_bytes, config.stored_response_ttl_s
@@ -153,6 +164,7 @@ def create_app(
     slots_admin.add_routes(app, prompt_cache, lambda model: _admin_engine(state, model))
     if fleet is not None:
         _add_fleet_routes(app, state, fleet)
+    _add_page_routes(app, state)
     _add_error_handlers(app)
     _add_middleware(app, state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -368,6 +380,18 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
         name = _admin_model_name(await request.body())
         unloaded = await fleet.unload(name)
         return {"model": name, "status": "unloaded", "unloaded": unloaded}
+
+
+def _add_page_routes(app: FastAPI, state: ServerState) -> None:
+    """The web page at ``/`` and the one admin route its dashboard polls."""
+
+    def models() -> list[dict[str, Any]]:
+        if state.fleet is not None:
+            return dashboard.fleet_models(state.fleet)
+        return dashboard.single_model(state.config.model_id, state.engine_provider())
+
+    web_page.add_routes(app)
+    dashboard.add_routes(app, models, state.request_log, lambda: state.prompt_cache)
 
 
 async def _admin_engine(state: ServerState, model: str | None) -> Any:
