@@ -45,6 +45,7 @@ def is_page_path(path: str) -> bool:
     """The web page (``/``) and its files: public, like ``/health``."""
     return path == "/" or path.startswith(PAGE_PREFIX)
 
+
 ADMIN_PATHS = frozenset({"/metrics", "/admin/models", "/admin/models/load", "/admin/models/unload"})
 
 

@@ -126,9 +126,7 @@ def only_the_server(watched: Watched, served: Served) -> None:
     assert not watched.errors, watched.errors
 
 
-def test_sign_in_pick_a_model_and_watch_the_answer_stream(
-    watched: Watched, served: Served
-) -> None:
+def test_sign_in_pick_a_model_and_watch_the_answer_stream(watched: Watched, served: Served) -> None:
     page = sign_in(watched, served)
     options = page.locator("#model-picker option").all_inner_texts()
     assert [o.split(" ")[0] for o in options] == list(MODELS)
@@ -239,9 +237,7 @@ def hostile_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_hostile_reply_renders_as_text(
-    watched: Watched, served: Served, tmp_path: Path
-) -> None:
+def test_a_hostile_reply_renders_as_text(watched: Watched, served: Served, tmp_path: Path) -> None:
     page = sign_in(watched, served)
     page.set_input_files("#import-chats", str(hostile_file(tmp_path)))
     answer = last_answer(page)
