@@ -23,7 +23,7 @@ from homelab.server.auth import add_key
 
 CHROMIUM = Path("/usr/bin/chromium")
 INSTALL = "apt-get update && apt-get install -y chromium"
-MODELS = ("demo:trained", "demo:llama", "demo:vision-gemma3")
+MODELS = ("demo:trained", "demo:llama", "demo:vision-gemma3", "demo:reasoning")
 GEMMA3_IMAGE_TOKENS = 64  # demo_vision.fixed_image_tokens("gemma3")
 
 try:
@@ -173,6 +173,21 @@ def test_stop_ends_a_long_answer(watched: Watched, served: Served) -> None:
     page.click("#stop")
     stats.filter(has_text="stopped").wait_for()
     assert page.locator(".message.assistant").count() == 1
+    only_the_server(watched, served)
+
+
+def test_reasoning_is_folded_apart_from_the_answer(watched: Watched, served: Served) -> None:
+    """The reasoning demo's template opens ``<think>``: what it writes first is reasoning."""
+    page = sign_in(watched, served)
+    settings(page, "demo:reasoning", max_tokens=12)
+    send(page, "Think about the sea.")
+    answer = last_answer(page)
+    answer.locator(".stats").filter(has_text="tok/s").wait_for(timeout=120_000)
+    folded = answer.locator("details.reasoning")
+    assert folded.count() == 1 and folded.get_attribute("open") is None
+    assert not folded.locator(".markdown").is_visible()
+    folded.locator("summary").click()
+    assert folded.locator(".markdown").inner_text().strip()
     only_the_server(watched, served)
 
 
