@@ -173,6 +173,13 @@ def test_stop_ends_a_long_answer(watched: Watched, served: Served) -> None:
     page.click("#stop")
     stats.filter(has_text="stopped").wait_for()
     assert page.locator(".message.assistant").count() == 1
+    page.fill("#max-tokens", "4")
+    page.locator(".message.user button", has_text="Edit").click()  # edit and resend
+    assert page.input_value("#prompt") == "Write a very long story."
+    send(page, "A short one, then.")
+    stats.filter(has_text="4 tokens").wait_for(timeout=120_000)
+    assert page.locator(".message.user").all_inner_texts()[0].startswith("user\nA short one")
+    assert page.locator(".message").count() == 2
     only_the_server(watched, served)
 
 
@@ -271,6 +278,11 @@ def test_a_hostile_reply_renders_as_text(watched: Watched, served: Served, tmp_p
     assert page.locator("#messages a[href^='javascript']").count() == 0
     assert page.locator("#conversation-list").inner_text().startswith("<b>hostile</b>")
     assert "<img src=x" in answer.locator(".tool-call").inner_text()
+    with page.expect_download() as download:
+        page.click("#export-chats")
+    exported = json.loads(Path(download.value.path()).read_text(encoding="utf-8"))
+    assert exported["conversations"][0]["messages"][0]["content"] == HOSTILE
+    assert exported["conversations"][0]["messages"][0]["images"] == []  # not data: images
     only_the_server(watched, served)  # nothing fetched from evil.example
 
 
@@ -317,3 +329,9 @@ def test_the_page_fits_a_phone(watched: Watched, served: Served) -> None:
     width = page.evaluate("() => document.documentElement.scrollWidth")
     assert width <= 390  # nothing wider than the screen
     assert page.locator("#prompt").bounding_box()["width"] > 300
+    page.focus("#prompt")
+    page.keyboard.type("first line")
+    page.keyboard.press("Shift+Enter")  # a new line, not a message
+    page.keyboard.type("second line")
+    assert page.input_value("#prompt") == "first line\nsecond line"
+    assert page.locator(".message").count() == 0
