@@ -390,8 +390,9 @@ def _add_page_routes(app: FastAPI, state: ServerState) -> None:
             return dashboard.fleet_models(state.fleet)
         return dashboard.single_model(state.config.model_id, state.engine_provider())
 
+    labels = dashboard.fleet_gpu_labels(state.fleet) if state.fleet is not None else {}
     web_page.add_routes(app)
-    dashboard.add_routes(app, models, state.request_log, lambda: state.prompt_cache)
+    dashboard.add_routes(app, models, state.request_log, lambda: state.prompt_cache, labels)
 
 
 async def _admin_engine(state: ServerState, model: str | None) -> Any:

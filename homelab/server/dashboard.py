@@ -72,11 +72,17 @@ ModelsFn = Callable[[], list[dict[str, Any]]]
 
 
 def add_routes(
-    app: FastAPI, models: ModelsFn, log: RequestLog, cache: Callable[[], PromptCache | None]
+    app: FastAPI,
+    models: ModelsFn,
+    log: RequestLog,
+    cache: Callable[[], PromptCache | None],
+    gpu_labels: dict[int, str],
 ) -> None:
+    """``gpu_labels``: what the planner calls each GPU (by NVML index), where it knows."""
+
     @app.get("/admin/dashboard")
     async def dashboard() -> dict[str, Any]:
-        hardware = await anyio.to_thread.run_sync(hardware_now)  # NVML calls block
+        hardware = await anyio.to_thread.run_sync(hardware_now, gpu_labels)  # NVML calls block
         return {
             "time": time.time(),
             "hardware": hardware,
@@ -87,7 +93,7 @@ def add_routes(
         }
 
 
-def hardware_now() -> dict[str, Any]:
+def hardware_now(gpu_labels: dict[int, str]) -> dict[str, Any]:
     """Each GPU's memory now (none without an NVIDIA driver) and the host's RAM."""
     from homelab.hardware.gpu import gpu_snapshot
     from homelab.hardware.host import read_memory
@@ -95,6 +101,7 @@ def hardware_now() -> dict[str, Any]:
     gpus = [
         {
             "index": gpu.index,
+            "label": gpu_labels.get(gpu.index, f"GPU {gpu.index}"),
             "memory_total_bytes": gpu.memory_total_bytes,
             "memory_free_bytes": gpu.memory_free_bytes,
             "memory_used_bytes": gpu.memory_used_bytes,
@@ -139,6 +146,16 @@ def cache_summary(cache: PromptCache | None) -> dict[str, Any]:
         "hits": stats.hits_ram + stats.hits_disk,
         "misses": stats.misses,
     }
+
+
+def fleet_gpu_labels(fleet: Fleet) -> dict[int, str]:
+    """The fleet's local GPUs (``CUDA0``…) by index, as the planner labels them."""
+    labels: dict[int, str] = {}
+    for device in fleet.hardware.devices:
+        index = device.name.removeprefix("CUDA")
+        if device.kind == "gpu" and device.endpoint is None and index.isdigit():
+            labels[int(index)] = device.label
+    return labels
 
 
 def fleet_models(fleet: Fleet) -> list[dict[str, Any]]:

@@ -130,7 +130,7 @@ def test_sign_in_pick_a_model_and_watch_the_answer_stream(watched: Watched, serv
     page = sign_in(watched, served)
     options = page.locator("#model-picker option").all_inner_texts()
     assert [o.split(" ")[0] for o in options] == list(MODELS)
-    settings(page, "demo:llama", max_tokens=200)
+    settings(page, "demo:llama", max_tokens=100)
     send(page, "Tell me about the sea.")
     answer = last_answer(page)
     page.wait_for_function(
@@ -143,7 +143,7 @@ def test_sign_in_pick_a_model_and_watch_the_answer_stream(watched: Watched, serv
     final = answer.locator(".content").inner_text()
     assert len(final) > len(streaming) > 0
     facts = stats.inner_text()
-    assert re.search(r"\d+ prompt tokens · prefix not cached · 200 tokens · TTFT \d+ ms", facts)
+    assert re.search(r"\d+ prompt tokens · prefix not cached · 100 tokens · TTFT \d+ ms", facts)
     assert page.locator("#model-facts").inner_text().startswith("2,048 tokens of context")
     page.fill("#max-tokens", "8")
     page.click("text=Regenerate")  # the same prompt again: its prefix is in the slot

@@ -72,3 +72,16 @@ def test_the_dashboard_route_gathers_models_tenants_and_requests(http: httpx.Cli
     assert latest["route"] == "/v1/chat/completions" and latest["tenant"] == "alice"
     assert latest["completion_tokens"] >= 1 and latest["completion_tok_s"] > 0
     assert "messages" not in latest  # what was asked is never shown
+
+
+def test_the_dashboard_names_each_gpu_as_the_planner_does() -> None:
+    """A GPU profile stands in for a detected GPU (this machine has none)."""
+    from homelab.planner.budget import resolve_hardware
+    from homelab.server.dashboard import fleet_gpu_labels, hardware_now
+    from homelab.server.fleet import Fleet
+
+    hardware = resolve_hardware(gpu="rtx-4090", ram_bytes=64 * 1024**3)
+    fleet = Fleet([], hardware, plan_fn=lambda *_: None, load_fn=lambda *_: None)  # type: ignore[arg-type,return-value]
+    assert fleet_gpu_labels(fleet) == {0: "GeForce RTX 4090 (profile rtx-4090)"}
+    now = hardware_now({0: "GeForce RTX 4090"})
+    assert now["ram_total_bytes"] >= now["ram_available_bytes"] > 0

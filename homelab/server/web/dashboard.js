@@ -132,7 +132,7 @@ function table(element, headers, rows) {
 function renderHardware(hardware) {
   const rows = hardware.gpus.map((gpu) => {
     const used = gpu.memory_used_bytes / gpu.memory_total_bytes;
-    const label = `GPU ${gpu.index}: ${formatBytes(gpu.memory_free_bytes)} free of ${formatBytes(gpu.memory_total_bytes)}`;
+    const label = `${gpu.label}: ${formatBytes(gpu.memory_free_bytes)} free of ${formatBytes(gpu.memory_total_bytes)}`;
     return bar(used, label);
   });
   if (!hardware.gpus.length) {
