@@ -56,6 +56,7 @@ from homelab.server.errors import (
     json_body_name,
     service_unavailable,
 )
+from homelab.server.file_facts import file_details
 from homelab.server.fleet import LEASES_KEY, Fleet, LeaseRelease, parse_keep_alive
 from homelab.server.image_parts import image_context
 from homelab.server.metrics import CONTENT_TYPE, ServerMetrics, render_fleet
@@ -359,7 +360,9 @@ def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
         "owned_by": "homelab",
         "status": model.status,
     }
-    return card | (model_details(model.engine) if model.engine is not None else {})
+    if model.engine is None:  # what its file says (the context is its plan's, when loaded)
+        return card | file_details(model.servable.path)
+    return card | model_details(model.engine)
 
 
 def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:

@@ -131,6 +131,8 @@ def test_sign_in_pick_a_model_and_watch_the_answer_stream(watched: Watched, serv
     options = page.locator("#model-picker option").all_inner_texts()
     assert [o.split(" ")[0] for o in options] == list(MODELS)
     settings(page, "demo:llama", max_tokens=100)
+    facts = page.locator("#model-facts").inner_text()
+    assert facts.startswith("not loaded: it loads on its first message · trained for "), facts
     send(page, "Tell me about the sea.")
     answer = last_answer(page)
     page.wait_for_function(
@@ -187,6 +189,7 @@ def test_reasoning_is_folded_apart_from_the_answer(watched: Watched, served: Ser
     """The reasoning demo's template opens ``<think>``: what it writes first is reasoning."""
     page = sign_in(watched, served)
     settings(page, "demo:reasoning", max_tokens=12)
+    assert "thinking" in page.locator("#model-facts").inner_text()  # known before it loads
     send(page, "Think about the sea.")
     answer = last_answer(page)
     answer.locator(".stats").filter(has_text="tok/s").wait_for(timeout=120_000)
@@ -220,6 +223,7 @@ def test_images_attached_and_dropped_reach_the_vision_model(
 ) -> None:
     page = sign_in(watched, served)
     settings(page, "demo:vision-gemma3", max_tokens=4)
+    assert "vision" in page.locator("#model-facts").inner_text()  # its projector, beside it
     page.set_input_files(
         "#attach", files=[{"name": "a.png", "mimeType": "image/png", "buffer": png_bytes(64, 48)}]
     )

@@ -5,6 +5,8 @@ elsewhere, nothing outside ``web/``; ``/admin/dashboard`` for admins, with the f
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 from server_helpers import ADMIN_KEY, MODEL_ID, N_SLOTS, alice_headers
@@ -85,3 +87,18 @@ def test_the_dashboard_names_each_gpu_as_the_planner_does() -> None:
     assert fleet_gpu_labels(fleet) == {0: "GeForce RTX 4090 (profile rtx-4090)"}
     now = hardware_now({0: "GeForce RTX 4090"})
     assert now["ram_total_bytes"] >= now["ram_available_bytes"] > 0
+
+
+def test_an_unloaded_models_card_comes_from_its_file(
+    demo_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    from homelab.server.file_facts import file_details
+
+    vision = file_details(demo_model("vision-gemma3"))
+    assert vision["supports"]["vision"] and "vision" in vision["capabilities"]
+    assert vision["meta"]["n_ctx_train"] > 0
+    thinking = file_details(demo_model("reasoning"))
+    assert thinking["supports"]["reasoning"] and not thinking["supports"]["vision"]
+    assert file_details(tmp_path / "gone.gguf") == {}
+    (tmp_path / "bad.gguf").write_bytes(b"not a gguf")
+    assert file_details(tmp_path / "bad.gguf") == {}

@@ -74,11 +74,13 @@ function showModelFacts() {
     facts.textContent = "";
     return;
   }
-  if (card.context_length === undefined) {
-    facts.textContent = "not loaded: it loads on its first message";
-  } else {
-    const caps = (card.capabilities || []).join(", ");
+  const caps = (card.capabilities || []).join(", ");
+  if (card.context_length !== undefined) {
     facts.textContent = `${card.context_length.toLocaleString()} tokens of context · ${caps}`;
+  } else {
+    const trained = card.meta?.n_ctx_train;
+    const context = trained ? ` · trained for ${trained.toLocaleString()} tokens` : "";
+    facts.textContent = `not loaded: it loads on its first message${context}${caps ? ` · ${caps}` : ""}`;
   }
   const blind = card.capabilities !== undefined && !card.capabilities.includes("vision");
   $("attach").disabled = blind;
