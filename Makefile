@@ -17,7 +17,7 @@ export CMAKE_ARGS ?= -DGGML_RPC=on $(CUDA_ARGS) $(AMX_ARGS)
 # (a plain CPU wheel without RPC would be installed silently).
 PIP_CACHE_FLAG := $(if $(strip $(CMAKE_ARGS)),--no-cache-dir,)
 
-.PHONY: run test check lint typecheck install install-test clean bench cmake-args
+.PHONY: run test check lint typecheck install install-test clean bench cmake-args web-vendor
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,17 @@ check: lint typecheck test
 
 bench: install-test
 	$(BIN)/python -m benchmarks.run
+
+# The web page's two libraries (marked, DOMPurify), fetched from npm at the versions that
+# tools/web_vendor/package-lock.json pins, their browser builds copied into the package.
+WEB_VENDOR := homelab/server/web/vendor
+WEB_NPM := tools/web_vendor/node_modules
+web-vendor:
+	cd tools/web_vendor && npm ci --ignore-scripts --no-audit --no-fund
+	sed '/sourceMappingURL/d' $(WEB_NPM)/marked/lib/marked.esm.js > $(WEB_VENDOR)/marked.esm.js
+	sed '/sourceMappingURL/d' $(WEB_NPM)/dompurify/dist/purify.es.mjs > $(WEB_VENDOR)/purify.es.mjs
+	cp $(WEB_NPM)/marked/LICENSE $(WEB_VENDOR)/marked.LICENSE.txt
+	cp $(WEB_NPM)/dompurify/LICENSE $(WEB_VENDOR)/dompurify.LICENSE.txt
 
 # what pip builds llama-cpp-python with on this machine (for a bug report, or to rebuild it)
 cmake-args:

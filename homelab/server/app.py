@@ -32,11 +32,13 @@ from homelab.server import (
     anthropic,
     chat,
     completions,
+    dashboard,
     embeddings,
     model_cards,
     ollama,
     responses,
     slots_admin,
+    web_page,
 )
 from homelab.server.anthropic_protocol import (
     AnthropicErrorResponse,
@@ -56,6 +58,7 @@ from homelab.server.errors import (
     json_body_name,
     service_unavailable,
 )
+from homelab.server.file_facts import file_details
 from homelab.server.fleet import LEASES_KEY, Fleet, LeaseRelease, parse_keep_alive
 from homelab.server.image_parts import image_context
 from homelab.server.metrics import CONTENT_TYPE, ServerMetrics, render_fleet
@@ -117,6 +120,8 @@ class ServerState:
         self.metrics = ServerMetrics()
         self.limiter = TenantLimiter()
         self.subscribers: list[RequestSubscriber] = []
+        self.request_log = dashboard.RequestLog()  # the web page's dashboard
+        self.subscribers.append(self.request_log.observe)
         self.started = int(time.time())
         self.responses = ResponseStore(
             config.stored_responses, config.stored_response_bytes, config.stored_response_ttl_s
@@ -170,6 +175,7 @@ def create_app(
     model_cards.add_routes(app, state)  # /props, LM Studio's /api/v0/models
     if fleet is not None:
         _add_fleet_routes(app, state, fleet)
+    _add_page_routes(app, state)
     _add_error_handlers(app)
     _add_middleware(app, state)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
@@ -359,7 +365,9 @@ def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
         "owned_by": "homelab",
         "status": model.status,
     }
-    return card | (model_details(model.engine) if model.engine is not None else {})
+    if model.engine is None:  # what its file says (the context is its plan's, when loaded)
+        return card | file_details(model.servable.path)
+    return card | model_details(model.engine)
 
 
 def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
@@ -380,6 +388,19 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
         name = _admin_model_name(await request.body())
         unloaded = await fleet.unload(name)
         return {"model": name, "status": "unloaded", "unloaded": unloaded}
+
+
+def _add_page_routes(app: FastAPI, state: ServerState) -> None:
+    """The web page at ``/`` and the one admin route its dashboard polls."""
+
+    def models() -> list[dict[str, Any]]:
+        if state.fleet is not None:
+            return dashboard.fleet_models(state.fleet)
+        return dashboard.single_model(state.config.model_id, state.engine_provider())
+
+    labels = dashboard.fleet_gpu_labels(state.fleet) if state.fleet is not None else {}
+    web_page.add_routes(app)
+    dashboard.add_routes(app, models, state.request_log, lambda: state.prompt_cache, labels)
 
 
 async def _admin_engine(state: ServerState, model: str | None) -> Any:

@@ -38,6 +38,14 @@ log = logging.getLogger("homelab.server")
 TENANT_KEY = "homelab.tenant"
 USAGE_KEY = "homelab.usage"  # dict the routes fill with token counts for the request log
 PUBLIC_PATHS = frozenset({"/health"})
+PAGE_PREFIX = "/web/"  # the web page's files (``web_page``): no secret in them, no key asked
+
+
+def is_page_path(path: str) -> bool:
+    """The web page (``/``) and its files: public, like ``/health``."""
+    return path == "/" or path.startswith(PAGE_PREFIX)
+
+
 ADMIN_PATHS = frozenset({"/metrics", "/admin/models", "/admin/models/load", "/admin/models/unload"})
 
 
@@ -114,7 +122,7 @@ class TenantGate:
         self.bound_to_loopback = bound_to_loopback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS or is_page_path(scope["path"]):
             await self.app(scope, receive, send)
             return
         if _is_admin_path(scope["path"]) and self._local_admin(scope):
@@ -251,13 +259,15 @@ class RequestObserver:
 
     def _record(self, scope: Scope, status: int, duration_s: float) -> None:
         route = scope["path"] if scope["path"] in KNOWN_ROUTES else "other"
+        if is_page_path(scope["path"]):
+            route = "/web"
         self.metrics.observe_response(route, status)
         tenant: Tenant | None = scope.get(TENANT_KEY)
         usage: dict[str, Any] = scope.get(USAGE_KEY, {})
         record = RequestRecord(
             scope["method"], route, status, tenant.name if tenant else "-", duration_s, **usage
         )
-        if route != "/health":
+        if route not in ("/health", "/web"):
             log.info(
                 "%s %s %d tenant=%s prompt=%d cached=%d completion=%d %.0fms",
                 record.method, record.route, record.status, record.tenant, record.prompt_tokens,
