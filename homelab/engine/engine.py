@@ -2,7 +2,7 @@
 
     with Engine.load(path, settings) as engine:
         handle = engine.submit(GenerationRequest(tenant="alice", prompt="Hello"))
-        for event in handle:            # or: async for event in handle
+        for event in handle:            # or: async for event in handle.events()
             ...
 
 Speculative decoding is a load option: ``Engine.load(path, settings,
@@ -50,18 +50,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from homelab.engine.amx_check import refuse_crashing_build
 from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
-from homelab.engine.image_prefill import (
-    ImagePrefill,
-    JobImages,
-    check_image_prompt,
-    image_prompt,
-)
+from homelab.engine.handle import RequestHandle
+from homelab.engine.image_prefill import ImagePrefill, check_image_prompt, image_prompt
 from homelab.engine.image_prompt import ImagePrompt
+from homelab.engine.job import Job, JobImages, SchedulerConfig
 from homelab.engine.loader import LoadedModel, LoadReport, load_model
 from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
 from homelab.engine.prompt_bound import tokenize_within
 from homelab.engine.sampling import SamplerChain
-from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig
+from homelab.engine.scheduler import Scheduler
 from homelab.engine.slots import SlotState, SlotTable
 from homelab.engine.speculation.config import SpeculationConfig
 from homelab.engine.speculation.refusals import check_target
