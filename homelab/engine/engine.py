@@ -128,6 +128,24 @@ class Engine(Closing):
             n_swa=0 if self.settings.swa_full else model_info.n_swa,
             contiguous=not loaded.context.memory.one_stream,
         )
+        self._scheduler = self._make_scheduler(loaded, queue_limit, prefill_chunk_tokens)
+        self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
+        self.prompt_states = slots.keeper = self._slot_states(prompt_cache)
+        self._meter.live_occupancy = lambda: (slots.n_busy, slots.cells_used())
+        self._chat_template = self._make_chat_template()
+        self._closed = False
+        self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
+        self._close_lock = threading.Lock()
+        self._failure: EngineError | None = None
+        self._unwatch = self._watch_workers()
+        self._scheduler.start()
+
+    # --- construction ------------------------------------------------------------------
+
+    def _make_scheduler(
+        self, loaded: LoadedModel, queue_limit: int, prefill_chunk_tokens: int | None
+    ) -> Scheduler:
+        """The scheduler in front of the loaded context (its step profile when asked for)."""
         n_batch = loaded.context.n_batch
         if self.n_slots > n_batch:
             raise EngineError(
@@ -141,29 +159,17 @@ class Engine(Closing):
         self._meter.step_profile = profile
         projector = loaded.projector
         images = ImagePrefill(loaded.context, projector) if projector is not None else None
-        self._scheduler = Scheduler(
+        return Scheduler(
             loaded.context,
-            vocab,
-            slots,
+            self._vocab,
+            self._slots,
             self._meter,
             config,
             self.eog_tokens,
-            speculator,
+            self._speculator,
             profile,
             images,
         )
-        self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
-        self.prompt_states = slots.keeper = self._slot_states(prompt_cache)
-        self._meter.live_occupancy = lambda: (slots.n_busy, slots.cells_used())
-        self._chat_template = self._make_chat_template()
-        self._closed = False
-        self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
-        self._close_lock = threading.Lock()
-        self._failure: EngineError | None = None
-        self._unwatch = self._watch_workers()
-        self._scheduler.start()
-
-    # --- construction ------------------------------------------------------------------
 
     @classmethod
     def load(

@@ -12,6 +12,10 @@ ubatch, so it is decoded whole (``Engine.submit`` refuses one larger than ``n_ub
 Positions come from mtmd: ``pos0 + i`` on most models; on M-RoPE models (Qwen2-VL) four per
 row, (t, y, x, 0) from the image's first position, and the image advances the sequence by
 ``max(rows, columns)`` positions.
+
+:class:`ImagePrefill` encodes and decodes; :class:`ImageSteps` is the scheduler's image side
+(a placed job's cached images, a step's image rows planned with its text and decoded after
+the token batch); the prompt helpers at the end make and check an ``ImagePrompt``.
 """
 
 from __future__ import annotations
