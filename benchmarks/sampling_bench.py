@@ -10,9 +10,10 @@ sequence it samples (``llama_sampler_sample``): linear in the vocabulary (32K fo
 128K for Llama 3, 152K for Qwen, 262K for Gemma 3), once per sequence per step, on the CPU —
 while a GPU's step for an 8B model is ~6 ms. The engine picks the tokens of a step's plain
 greedy sequences with one numpy argmax over the step's output rows instead
-(``Scheduler._sample_greedy_batch``). This measures both on the logits of a real decode of
-``--rows`` sequences: the sampler chain row by row against the one argmax, alternated over
-``--rounds`` rounds of ``--repeat`` picks each; median and worst round. A harness, not a test.
+(``homelab.engine.emit.Emitter.sample_greedy``). This measures both on the logits of a real
+decode of ``--rows`` sequences: the sampler chain row by row against the one argmax,
+alternated over ``--rounds`` rounds of ``--repeat`` picks each; median and worst round. A
+harness, not a test.
 
 ``--sampled`` does the same for a sampled request (top-k 40, top-p 0.95, min-p 0.05,
 temperature 0.8, a seed): ``llama_sampler_sample`` over the whole row against the engine's

@@ -30,7 +30,7 @@ from homelab.settings import COMPARED_KV_TYPES, Settings
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine
-    from homelab.engine.scheduler import RequestHandle
+    from homelab.engine.handle import RequestHandle
 
 CONCURRENCY_LEVELS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -36,10 +36,11 @@ from typing import Any
 import jinja2
 import jinja2.meta
 from jinja2 import nodes
+from jinja2.exceptions import SecurityError
 from jinja2.ext import Extension
 from jinja2.parser import Parser
 from jinja2.runtime import Context, Undefined
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.visitor import NodeTransformer
 
 from homelab.errors import EngineError

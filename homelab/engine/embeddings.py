@@ -143,12 +143,13 @@ class Embedder(Closing):
         self.max_input_tokens = min(context.n_batch, context.n_ctx_per_seq)
         self.vocab = context.model.vocab
         self.model_path = context.model.path
-        self._worker = (
-            concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="homelab-embed")
-            if run is None
-            else None
-        )
-        self._run: Runner[Any] = run or self._worker.submit  # type: ignore[union-attr]
+        self._worker: concurrent.futures.ThreadPoolExecutor | None = None
+        if run is None:
+            self._worker = worker = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="homelab-embed"
+            )
+            run = worker.submit
+        self._run: Runner[Any] = run
         self._owned_model = owned_model
         self._batch = Batch(context.n_batch)
         self._waiting = 0

@@ -2,7 +2,7 @@
 
     with Engine.load(path, settings) as engine:
         handle = engine.submit(GenerationRequest(tenant="alice", prompt="Hello"))
-        for event in handle:            # or: async for event in handle
+        for event in handle:            # or: async for event in handle.events()
             ...
 
 Speculative decoding is a load option: ``Engine.load(path, settings,
@@ -50,18 +50,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from homelab.engine.amx_check import refuse_crashing_build
 from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat import ChatTemplate
-from homelab.engine.image_prefill import (
-    ImagePrefill,
-    JobImages,
-    check_image_prompt,
-    image_prompt,
-)
+from homelab.engine.handle import RequestHandle
+from homelab.engine.image_prefill import ImagePrefill, check_image_prompt, image_prompt
 from homelab.engine.image_prompt import ImagePrompt
+from homelab.engine.job import Job, JobImages, SchedulerConfig
 from homelab.engine.loader import LoadedModel, LoadReport, load_model
 from homelab.engine.metrics import EngineMeter, RequestClock, StepProfile
 from homelab.engine.prompt_bound import tokenize_within
 from homelab.engine.sampling import SamplerChain
-from homelab.engine.scheduler import Job, RequestHandle, Scheduler, SchedulerConfig
+from homelab.engine.scheduler import Scheduler
 from homelab.engine.slots import SlotState, SlotTable
 from homelab.engine.speculation.config import SpeculationConfig
 from homelab.engine.speculation.refusals import check_target
@@ -131,6 +128,24 @@ class Engine(Closing):
             n_swa=0 if self.settings.swa_full else model_info.n_swa,
             contiguous=not loaded.context.memory.one_stream,
         )
+        self._scheduler = self._make_scheduler(loaded, queue_limit, prefill_chunk_tokens)
+        self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
+        self.prompt_states = slots.keeper = self._slot_states(prompt_cache)
+        self._meter.live_occupancy = lambda: (slots.n_busy, slots.cells_used())
+        self._chat_template = self._make_chat_template()
+        self._closed = False
+        self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
+        self._close_lock = threading.Lock()
+        self._failure: EngineError | None = None
+        self._unwatch = self._watch_workers()
+        self._scheduler.start()
+
+    # --- construction ------------------------------------------------------------------
+
+    def _make_scheduler(
+        self, loaded: LoadedModel, queue_limit: int, prefill_chunk_tokens: int | None
+    ) -> Scheduler:
+        """The scheduler in front of the loaded context (its step profile when asked for)."""
         n_batch = loaded.context.n_batch
         if self.n_slots > n_batch:
             raise EngineError(
@@ -144,29 +159,17 @@ class Engine(Closing):
         self._meter.step_profile = profile
         projector = loaded.projector
         images = ImagePrefill(loaded.context, projector) if projector is not None else None
-        self._scheduler = Scheduler(
+        return Scheduler(
             loaded.context,
-            vocab,
-            slots,
+            self._vocab,
+            self._slots,
             self._meter,
             config,
             self.eog_tokens,
-            speculator,
+            self._speculator,
             profile,
             images,
         )
-        self._meter.live_queue_depth = lambda: self._scheduler.queue_depth
-        self.prompt_states = slots.keeper = self._slot_states(prompt_cache)
-        self._meter.live_occupancy = lambda: (slots.n_busy, slots.cells_used())
-        self._chat_template = self._make_chat_template()
-        self._closed = False
-        self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
-        self._close_lock = threading.Lock()
-        self._failure: EngineError | None = None
-        self._unwatch = self._watch_workers()
-        self._scheduler.start()
-
-    # --- construction ------------------------------------------------------------------
 
     @classmethod
     def load(

@@ -12,34 +12,30 @@ ubatch, so it is decoded whole (``Engine.submit`` refuses one larger than ``n_ub
 Positions come from mtmd: ``pos0 + i`` on most models; on M-RoPE models (Qwen2-VL) four per
 row, (t, y, x, 0) from the image's first position, and the image advances the sequence by
 ``max(rows, columns)`` positions.
+
+:class:`ImagePrefill` encodes and decodes; :class:`ImageSteps` is the scheduler's image side
+(a placed job's cached images, a step's image rows planned with its text and decoded after
+the token batch); the prompt helpers at the end make and check an ``ImagePrompt``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import Callable, Sequence
 
 from homelab.engine.image_prompt import ImagePrompt, ImageSpan, placeholder
+from homelab.engine.job import AdmittedJob, JobImages
+from homelab.engine.metrics import EngineMeter
+from homelab.engine.slots import SlotTable
 from homelab.errors import EngineError
 from homelab.images.decoded import DecodedImage
 from homelab.llamacpp.context import Context
-from homelab.llamacpp.mtmd import EncodedImage, Projector, PromptChunk, decode_embeddings
+from homelab.llamacpp.mtmd import Projector, PromptChunk, decode_embeddings
+
+log = logging.getLogger("homelab.engine")
 
 SPATIAL_SECTIONS = 3  # t, y, x move with pos0 on M-RoPE; the fourth stays 0
-
-
-@dataclass(eq=False)
-class JobImages:
-    """A request's images and how far the one being read has got."""
-
-    prompt: ImagePrompt
-    encoded: EncodedImage | None = None
-    rows_done: int = 0
-    encode_s: float = 0.0  # time the projector spent on this request's images
-
-    def reset(self) -> None:
-        self.encoded = None
-        self.rows_done = 0
 
 
 class ImagePrefill:
@@ -81,6 +77,63 @@ class ImagePrefill:
             return False
         state.reset()
         return True
+
+
+class ImageSteps:
+    """The scheduler's image side: a placed job's cached images, a step's image rows planned
+    with its text, and decoded after the token batch."""
+
+    def __init__(
+        self,
+        prefill: ImagePrefill | None,
+        slots: SlotTable,
+        meter: EngineMeter,
+        fail: Callable[[AdmittedJob, str], None],
+    ) -> None:
+        self._prefill = prefill  # None: the model has no vision projector
+        self._slots = slots
+        self._meter = meter
+        self._fail = fail  # the scheduler's: ends the request with an error, clears its slot
+        self.planned: list[tuple[AdmittedJob, ImageSpan, int]] = []  # for this step
+
+    def admit(self, job: AdmittedJob, prompt: ImagePrompt) -> None:
+        """Placed: a cached prefix holds whole images only; counts are KV cells (as mtmd
+        counts tokens); no speculation (a draft cannot read the images)."""
+        n_whole = prompt.whole_images_only(job.n_past)
+        if n_whole < job.n_past and not self._slots.rollback(job.slot, n_whole):
+            n_whole = 0
+        job.n_past = job.prompt_pos = n_whole
+        job.clock.cached_tokens = prompt.cells_before(n_whole)
+        job.chain.accept_prompt(prompt.text_tokens)
+
+    def plan(self, job: AdmittedJob, images: JobImages, budget: int) -> int:
+        """Plan this step's rows of the image at the job's next position; the budget used."""
+        assert self._prefill is not None
+        span = images.prompt.image_at(job.prompt_pos)
+        assert span is not None
+        rows = self._prefill.rows_for(images, span, budget)
+        self.planned.append((job, span, rows))
+        return rows
+
+    def decode_planned(self) -> None:
+        """Decode the planned image rows (after the token batch: one decode each)."""
+        steps, self.planned = self.planned, []
+        assert self._prefill is not None
+        for job, span, rows in steps:
+            if job.released or job.images is None:
+                continue  # finished meanwhile (failed in the token batch)
+            try:
+                whole = self._prefill.step(job.images, span, job.slot.seq_id, rows)
+            except Exception as exc:
+                log.exception("an image failed for request %s", job.handle.request_id)
+                self._fail(job, str(exc))  # clears the slot: its cache may be half-written
+                continue
+            self._meter.record_step(time.perf_counter(), rows, 0)
+            if whole:
+                job.slot.tokens.extend(job.images.prompt.tokens[span.start : span.end])
+                job.n_past += span.n_pos
+                job.prompt_pos += span.n_pos
+                job.clock.evaluated_tokens += span.n_tokens
 
 
 # --- prompts -------------------------------------------------------------------------------

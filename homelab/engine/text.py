@@ -43,7 +43,7 @@ class Utf8Decoder:
         if whole is not None and self.idle:
             return whole
         text = self._decoder.decode(data, final=False)
-        self.idle = not self._decoder.buffer  # type: ignore[attr-defined]
+        self.idle = not self._decoder.buffer
         return text
 
     def flush(self) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from homelab.engine.engine import Engine
+from homelab.engine.handle import Completion, RequestHandle
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
 from homelab.settings import Settings
@@ -41,3 +42,9 @@ def tiny_settings(n_parallel: int = 4, ctx_per_slot: int = 512, **changes: Any) 
     }
     fields.update(changes)
     return Settings(**fields)
+
+
+async def collect_async(handle: RequestHandle) -> Completion:
+    """The whole completion of ``handle``, read in asyncio as a whole-response server reads
+    it (``all_events``: the loop woken once, at the end)."""
+    return Completion.of(await handle.all_events())

@@ -7,7 +7,7 @@ from engine_helpers import Decode, EngineFactory, wrap_decode
 
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenLogprob
 from homelab.engine.engine import Engine
-from homelab.engine.scheduler import Completion, RequestHandle
+from homelab.engine.handle import Completion, RequestHandle
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
 

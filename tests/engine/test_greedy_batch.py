@@ -17,7 +17,7 @@ from engine_helpers import Decode, EngineFactory, wrap_decode
 
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.engine.scheduler import Completion
+from homelab.engine.handle import Completion
 from homelab.llamacpp.batch import Batch
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.sampler import SamplerChain as CChain

@@ -22,7 +22,7 @@ from engine_helpers import tiny_settings
 
 from homelab.engine.api import GenerationRequest, SamplingParams, TokenEvent, TokenLogprob
 from homelab.engine.engine import Engine
-from homelab.engine.scheduler import Completion, RequestHandle
+from homelab.engine.handle import Completion, RequestHandle
 from homelab.engine.speculation import SpeculationConfig, SpeculationError
 from homelab.engine.speculation.acceptance import accept_or_resample
 from homelab.engine.speculation.lookup import NgramDrafter

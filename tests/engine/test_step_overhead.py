@@ -31,7 +31,7 @@ from engine_helpers import EngineFactory
 from homelab.engine import scheduler
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from homelab.engine.engine import Engine
-from homelab.engine.scheduler import RequestHandle
+from homelab.engine.handle import RequestHandle
 from homelab.llamacpp import lane
 
 N_TOKENS = 256

@@ -6,11 +6,11 @@ import asyncio
 import itertools
 
 import pytest
-from engine_helpers import EngineFactory
+from engine_helpers import EngineFactory, collect_async
 
 from homelab.engine.api import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from homelab.engine.engine import Engine
-from homelab.engine.scheduler import Completion
+from homelab.engine.handle import Completion
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
 PROMPTS = ("hello world", "the model", "one two three", "what is the speed", "water air")
@@ -137,7 +137,7 @@ async def test_async_iteration_does_not_block_the_event_loop(make_engine: Engine
 
     async def consume(prompt: str) -> Completion:
         handle = engine.submit(GenerationRequest("a", prompt, GREEDY))
-        return await handle.collect_async()
+        return await collect_async(handle)
 
     tick_task = asyncio.create_task(ticker())
     first, second = await asyncio.gather(consume("hello world"), consume("the model"))
@@ -156,7 +156,7 @@ async def test_cancelled_async_consumer_cancels_the_request(make_engine: EngineF
     streaming = asyncio.Event()
 
     async def consume() -> None:
-        async for _event in handle:  # the task only ever waits inside the iteration
+        async for _event in handle.events():  # the task only ever waits inside the iteration
             streaming.set()
 
     task = asyncio.create_task(consume())
@@ -165,7 +165,7 @@ async def test_cancelled_async_consumer_cancels_the_request(make_engine: EngineF
     with pytest.raises(asyncio.CancelledError):
         await task
     assert handle.cancelled
-    follow = await engine.submit(GenerationRequest("b", "hello", GREEDY)).collect_async()
+    follow = await collect_async(engine.submit(GenerationRequest("b", "hello", GREEDY)))
     assert follow.finish.reason == "length"
     assert follow.finish.stats.queue_s < 1.0
 
@@ -173,11 +173,11 @@ async def test_cancelled_async_consumer_cancels_the_request(make_engine: EngineF
 async def test_closing_the_async_iterator_early_cancels(make_engine: EngineFactory) -> None:
     engine = make_engine(n_parallel=1)
     handle = engine.submit(GenerationRequest("a", "hello", SamplingParams(max_tokens=400)))
-    stream = aiter(handle)
+    stream = handle.events()
     await anext(stream)
     await stream.aclose()  # type: ignore[attr-defined]
     assert handle.cancelled
-    finish = [event async for event in handle][-1]
+    finish = [event async for event in handle.events()][-1]
     assert isinstance(finish, FinishEvent) and finish.reason == "cancelled"
 
 
@@ -201,10 +201,10 @@ async def test_a_whole_response_reader_is_woken_once_not_per_token(
     request = GenerationRequest("a", "hello world", GREEDY)
     whole = engine.submit(request)
     counted(whole, "whole")
-    completion = await whole.collect_async()
+    completion = await collect_async(whole)
     stream = engine.submit(request)
     counted(stream, "stream")
-    streamed = [event async for event in stream]
+    streamed = [event async for event in stream.events()]
     assert len(completion.token_ids) == GREEDY.max_tokens
     assert completion.token_ids == tuple(e.token_id for e in streamed if isinstance(e, TokenEvent))
     assert wakes["whole"] <= 1

@@ -12,7 +12,8 @@ The modules, each importing only those below it (held by import-linter, ``pyproj
     config        SpeculationConfig, SpeculationError: plain data, a leaf
 
 This package exports the configuration, what the rest of homelab names; the engine and the
-scheduler import the machinery from its modules. Importing the configuration loads nothing
+step's side of it (``homelab.engine.drafting``, which sits over the job types and so outside
+this package) import the machinery from its modules. Importing the configuration loads nothing
 else of it.
 """
 
