@@ -34,6 +34,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "serve": ("serve", "serve an OpenAI-compatible endpoint"),
     "worker": ("worker", "offer this machine's devices to another homelab (llama.cpp RPC)"),
     "ps": ("ps", "show the models a running server has loaded"),
+    "yield": ("yield_resume", "make the running server give its GPU back (states kept)"),
+    "resume": ("yield_resume", "make the running server take its GPU back"),
     "cache": ("cache", "list, size or clear the prompt states serve keeps on disk"),
     "bench": ("bench", "measure tok/s per setting and concurrency x KV type"),
     "quality": ("quality", "measure the quality cost of the plan (KLD, ppl)"),
