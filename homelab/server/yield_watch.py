@@ -150,7 +150,8 @@ def matching_processes(
         for process in snap.processes:
             if process.pid != own_pid:
                 text = " ".join([process.name or "", *_cmdline(process.pid)]).lower()
-                found += [f"{process.name or process.pid}" for w in lowered if w in text][:1]
+                if any(w in text for w in lowered):
+                    found.append(f"{process.name or 'a process'} (pid {process.pid})")
     for proc in psutil.process_iter(["name", "pid"]):
         name = (proc.info.get("name") or "").lower()
         if proc.info.get("pid") != own_pid and any(w in name for w in lowered):
@@ -160,7 +161,7 @@ def matching_processes(
 
 def _cmdline(pid: int) -> list[str]:
     try:
-        return [os.path.basename(part) for part in psutil.Process(pid).cmdline()[:3]]
+        return list(psutil.Process(pid).cmdline()[:3])
     except (psutil.Error, OSError):
         return []
 

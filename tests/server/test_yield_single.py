@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from yield_double import GIB, shared_double
+from yield_double import GIB, shared_double, start_named_process
 
 from homelab.engine.state_cache.store import CacheConfig, PromptCache
 from homelab.models.launch import load_plan, plan_file
@@ -95,9 +95,7 @@ def test_a_stream_past_the_grace_period_ends_with_an_error_saying_why(single: Si
         assert answer.status_code == 200, answer.text
 
 
-@pytest.mark.parametrize(
-    "single", [YieldTriggers(sleep_after_s=0.4, poll_s=0.05)], indirect=True
-)
+@pytest.mark.parametrize("single", [YieldTriggers(sleep_after_s=0.4, poll_s=0.05)], indirect=True)
 def test_sleep_after_idle_then_the_next_request_resumes(single: Single) -> None:
     prompt = "the same long system prompt, again and again. " * 40
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
@@ -115,3 +113,24 @@ def test_sleep_after_idle_then_the_next_request_resumes(single: Single) -> None:
     usage = again.json()["usage"]
     assert single.controller.state == "serving"
     assert usage["prompt_tokens_details"]["cached_tokens"] >= 0.9 * first["prompt_tokens"]
+
+
+@pytest.mark.parametrize("single", [YieldTriggers(yield_to=("steam",), poll_s=0.05)], indirect=True)
+def test_yield_to_a_named_process_while_it_runs(single: Single, tmp_path: Path) -> None:
+    game = start_named_process(tmp_path, "steam")
+    try:
+        started = time.perf_counter()
+        while single.controller.state != "yielded":
+            assert time.perf_counter() - started < 2.0, "not yielded within 2 s of the start"
+            time.sleep(0.02)
+        event = single.controller.current
+        assert event is not None and event.reason == "steam is running (--yield-to)"
+        assert event.rss_freed_bytes > 0 and single.holder.engine is None
+    finally:
+        game.kill()
+        game.wait()
+    deadline = time.monotonic() + 30
+    while single.controller.state != "serving":
+        assert time.monotonic() < deadline, "not resumed after the game exited"
+        time.sleep(0.05)
+    assert single.holder.engine is not None

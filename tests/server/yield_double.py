@@ -10,6 +10,8 @@ says. The watcher and the controller read it through the real NVML doorway
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,3 +72,10 @@ def shared_double(
     return gpu, fake, read
 
 
+def start_named_process(folder: Path, name: str) -> subprocess.Popen[bytes]:
+    """A real process called ``name`` (a copy of ``sleep``): what psutil lists as a game."""
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    binary = folder / name
+    shutil.copy(sleep, binary)
+    return subprocess.Popen([str(binary), "60"])
