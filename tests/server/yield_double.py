@@ -15,10 +15,9 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "hardware"))
-from test_gpu_detection import (  # noqa: E402  tests/hardware's fake NVML
+from test_gpu_detection import (
     CUDA_BUILD,
     DRIVER_USED_BYTES,
     GIB,
@@ -27,7 +26,7 @@ from test_gpu_detection import (  # noqa: E402  tests/hardware's fake NVML
     FakeNvml,
 )
 
-from homelab.hardware.gpu import GpuSnapshot, gpu_snapshot  # noqa: E402
+from homelab.hardware.gpu import GpuSnapshot, gpu_snapshot
 
 __all__ = ["CUDA_BUILD", "DRIVER_USED_BYTES", "GIB", "MIB", "RTX_4090_NVML_TOTAL_BYTES"]
 
