@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -54,6 +54,7 @@ DEFAULT_GRACE_S = 10.0  # --yield-grace: running requests may finish this long
 DEFAULT_WAIT_S = 30.0  # --yield-wait: a request waits this long for a resume, then 503
 RETRY_AFTER_S = 10
 ENDED_WAIT_S = 5.0  # after ending requests: their responses finish writing within this
+ENDED_POLL_S = 0.1  # ... checked this often (ending again what was submitted since)
 HISTORY = 32  # yields remembered for /admin/yield and the TUI
 
 GpuReader = Callable[[], "Sequence[GpuSnapshot]"]
@@ -166,7 +167,7 @@ class YieldController:
 
     # --- admission ----------------------------------------------------------------------
 
-    async def admit(self, scope: dict[str, Any]) -> None:
+    async def admit(self, scope: MutableMapping[str, Any]) -> None:
         """Let a generation request in: now while serving, else after a resume within
         ``wait_s`` (a 503 with Retry-After otherwise). Its ticket is returned when its
         response has ended (``fleet.LeaseRelease``)."""
@@ -266,10 +267,13 @@ class YieldController:
             f"{self.grace_s:g} s grace period. Send it again: the conversation is cached and "
             f"continues {self.resumes_when()}."
         )
-        for engine in self.residency.engines():
-            if hasattr(engine, "end_requests"):
-                await anyio.to_thread.run_sync(_end_requests, engine, message)
-        await self._wait_drained(ENDED_WAIT_S)
+        deadline = time.monotonic() + ENDED_WAIT_S
+        while time.monotonic() < deadline:  # again: a request admitted before may submit late
+            for engine in self.residency.engines():
+                if hasattr(engine, "end_requests"):
+                    await anyio.to_thread.run_sync(_end_requests, engine, message)
+            if await self._wait_drained(ENDED_POLL_S):
+                return
 
     async def _wait_drained(self, timeout_s: float) -> bool:
         if self.in_flight == 0:
