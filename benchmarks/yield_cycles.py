@@ -113,12 +113,15 @@ def cycle(http: httpx.Client, process: psutil.Process) -> dict[str, Any]:
     time.sleep(0.2)  # clients wait (or are refused) meanwhile
     resumed = http.post("/admin/resume").json()
     last = resumed["last"]
+    cache = http.get("/admin/prompt-cache").json()
     return {
         "state": resumed["state"],
         "yield_s": last["yield_s"],
         "resume_s": last["resume_s"],
         "ended": last["ended_requests"],
         "rss_freed_bytes": yielded["last"]["rss_freed_bytes"],
+        "vram_freed_bytes": yielded["last"]["vram_freed_bytes"],  # NVML; None without a GPU
+        "cache_ram_bytes": cache.get("ram_bytes", 0),  # saved states, kept by design
         "rss_bytes": process.memory_info().rss,
         "fds": process.num_fds(),
     }
@@ -128,9 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server, url = start_server(args.model, args.grace, args.wait)
     process = psutil.Process(server.pid)
     stop, lock, outcomes = threading.Event(), threading.Lock(), Counter[str]()
-    threads = [
-        threading.Thread(target=client, args=(url, stop, outcomes, lock)) for _ in range(4)
-    ]
+    threads = [threading.Thread(target=client, args=(url, stop, outcomes, lock)) for _ in range(4)]
     for thread in threads:
         thread.start()
     rows = []
@@ -167,12 +168,20 @@ def summary(rows: list[dict[str, Any]], outcomes: Counter[str], took_s: float) -
         ),
         "rss_mib_after_warm_up": round(warm["rss_bytes"] / 2**20, 1),
         "rss_mib_at_end": round(last["rss_bytes"] / 2**20, 1),
+        "cache_ram_mib_after_warm_up": round(warm["cache_ram_bytes"] / 2**20, 1),
+        "cache_ram_mib_at_end": round(last["cache_ram_bytes"] / 2**20, 1),
+        "vram_freed_mib_median": _median_mib([r["vram_freed_bytes"] for r in rows]),
         "fds_after_warm_up": warm["fds"],
         "fds_at_end": last["fds"],
         "requests_ended_by_yields": sum(r["ended"] for r in rows),
         "outcomes": dict(outcomes),
         "lost_or_garbled": sum(bad.values()),
     }
+
+
+def _median_mib(values: list[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known) / 2**20, 1) if known else None
 
 
 def main() -> int:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from yield_double import GIB, MIB, shared_double, start_named_process
 
@@ -81,12 +83,16 @@ def test_comfyui_on_the_gpu_is_found_by_its_command_line(tmp_path: Path) -> None
     script.parent.mkdir()
     script.write_text("import time\ntime.sleep(60)\n")
     comfy = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 10
+    while "ComfyUI" not in " ".join(psutil.Process(comfy.pid).cmdline()):
+        assert time.monotonic() < deadline, "the child never showed its command line"
+        time.sleep(0.01)
     try:  # NVML lists it on the GPU under its executable's name (the double says so)
         gpu_, _, read = shared_double(lambda: 0, {comfy.pid: "/usr/bin/python3"})
         gpu_.take(comfy.pid, 6 * GIB)
         snapshots = read()
         found = matching_processes(["comfyui"], snapshots, own_pid=0)
-        assert found == (f"python3 (pid {comfy.pid})",)
+        assert found == (f"python3 (pid {comfy.pid})",), (found, comfy.poll())
         reading = read_gpus(snapshots, pid=0)[0]
         assert reading.others_bytes >= 6 * GIB and reading.ours_bytes == 0
     finally:
