@@ -36,6 +36,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "ps": ("ps", "show the models a running server has loaded"),
     "prompt-cache": ("prompt_cache", "list, size or clear the prompt states serve keeps on disk"),
     "launch": ("launch", "set up Claude Code, Codex, OpenCode or Open WebUI for homelab; start it"),
+    "yield": ("yield_resume", "make the running server give its GPU back (states kept)"),
+    "resume": ("yield_resume", "make the running server take its GPU back"),
     "bench": ("bench", "measure tok/s per setting and concurrency x KV type"),
     "quality": ("quality", "measure the quality cost of the plan (KLD, ppl)"),
     "search": ("search", "find GGUF repos and files on the Hugging Face hub"),

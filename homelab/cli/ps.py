@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(models, indent=2))
     else:
         print(format_models(models))
+        yielded = fetch_yield(url, key)
+        if yielded.get("state", "serving") != "serving":
+            print(f"GPU {yielded['state']} ({yielded['reason']}); resumes {yielded['resumes']}")
         cache = fetch_prompt_cache(url, key)
         if cache.get("enabled"):
             print(format_prompt_cache(cache))
@@ -38,6 +41,18 @@ def fetch_prompt_cache(url: str, api_key: str | None = None) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(f"{url}/admin/prompt-cache", headers=headers, timeout=10)
+    except httpx.HTTPError:
+        return {}
+    return dict(response.json()) if response.status_code == 200 else {}
+
+
+def fetch_yield(url: str, api_key: str | None = None) -> dict[str, Any]:
+    """The server's yield state (``{}`` from a server without yield/resume)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{url}/admin/yield", headers=headers, timeout=10)
     except httpx.HTTPError:
         return {}
     return dict(response.json()) if response.status_code == 200 else {}
@@ -83,7 +98,7 @@ def fetch_models(url: str, api_key: str | None = None) -> list[dict[str, Any]]:
             response = client.get("/admin/models")
             if response.status_code == 404:  # `homelab serve MODEL`: one model, always loaded
                 listed = client.get("/v1/models").json()["data"]
-                return [{"model": m["id"], "status": "loaded"} for m in listed]
+                return [{"model": m["id"], "status": m.get("status", "loaded")} for m in listed]
     except httpx.HTTPError as exc:
         raise ConfigError(f"cannot reach the server at {url} ({exc}).") from None
     if response.status_code in (401, 403):

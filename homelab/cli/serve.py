@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from homelab.cli import flags
+from homelab.cli import flags, yield_flags
 from homelab.cli import prompt_cache as prompt_cache_cli
 
 if TYPE_CHECKING:
@@ -149,6 +149,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_speculation_flags(parser)
     flags.add_download_flags(parser)
     prompt_cache_cli.add_flags(parser)
+    yield_flags.add_flags(parser)
     parser.set_defaults(goal=None)  # resolved in run(): one model or several (FLEET_GOAL)
 
 
@@ -193,7 +194,11 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     _setup_logging()
     holder = EngineHolder()
     prompt_cache = prompt_cache_cli.open_cache(args, cache_ram_bytes)
-    server = uvicorn_server(create_app(holder, config, prompt_cache=prompt_cache))
+    yielding = _model_yielding(
+        args, holder, ref, plan, config.model_id, cache_ram_bytes, prompt_cache
+    )
+    app = create_app(holder, config, prompt_cache=prompt_cache, yielding=yielding)
+    server = uvicorn_server(app)
     loader = threading.Thread(
         target=_load,
         args=(holder, ref, plan, flags.overrides(args), server, embeddings, prompt_cache),
@@ -214,6 +219,33 @@ def _serve(args: argparse.Namespace, keys_path: Path) -> int:
     if holder.failure is not None:
         raise holder.failure
     return 0
+
+
+def _model_yielding(
+    args: argparse.Namespace,
+    holder: EngineHolder,
+    ref: ModelRef,
+    plan: Plan,
+    name: str,
+    cache_ram_bytes: int,
+    prompt_cache: PromptCache | None,
+) -> Any:
+    """Yield and resume for the one model: re-planned like at start, for the VRAM free then."""
+    from homelab.models.embeddings import load_serving_engine, planning_hardware
+    from homelab.models.launch import plan_file
+
+    request, overrides = flags.plan_request(args), flags.overrides(args)
+    embeddings, model_path = getattr(args, "embeddings", None), ref.local_path()
+
+    def plan_now(hardware: Hardware) -> Plan:
+        return plan_file(ref, request, planning_hardware(model_path, hardware, embeddings))
+
+    def load(planned: Plan) -> Any:
+        return load_serving_engine(ref, planned, overrides, embeddings, prompt_cache)
+
+    return yield_flags.for_model(
+        args, holder, name, plan, plan_now, load, cache_ram_bytes, prompt_cache
+    )
 
 
 def _stop_in_order_on_signals() -> None:
@@ -247,7 +279,9 @@ def _serve_fleet(args: argparse.Namespace, keys_path: Path) -> int:
     sock = bind_socket(args.host, args.port)
     config = replace(config, port=sock.getsockname()[1])
     _setup_logging()
-    server = uvicorn_server(create_app(lambda: None, config, fleet, prompt_cache=prompt_cache))
+    yielding = yield_flags.for_fleet(args, fleet, prompt_cache)
+    app = create_app(lambda: None, config, fleet, prompt_cache=prompt_cache, yielding=yielding)
+    server = uvicorn_server(app)
     _announce_fleet(args, config, fleet.names(), keys_path, new_key)
     if not args.json:
         print(prompt_cache_cli.describe(prompt_cache), flush=True)

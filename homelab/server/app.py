@@ -39,6 +39,7 @@ from homelab.server import (
     responses,
     slots_admin,
     web_page,
+    yield_admin,
 )
 from homelab.server.anthropic_protocol import (
     AnthropicErrorResponse,
@@ -86,6 +87,7 @@ from homelab.server.protocol import Completion as CompletionResponse
 from homelab.server.response_store import ResponseStore
 from homelab.server.responses_protocol import ResponsesRequest
 from homelab.server.serving import RequestContext
+from homelab.server.yielding import YieldController
 
 NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (
     ResponsesRequest,
@@ -117,6 +119,7 @@ class ServerState:
         self.config = config
         self.fleet = fleet  # several models (homelab serve without MODEL); None: one model
         self.prompt_cache: PromptCache | None = None  # saved slot states (slots_admin)
+        self.yielding: YieldController | None = None  # the GPU given back and taken again
         self.metrics = ServerMetrics()
         self.limiter = TenantLimiter()
         self.subscribers: list[RequestSubscriber] = []
@@ -156,18 +159,24 @@ def create_app(
     fleet: Fleet | None = None,
     *,
     prompt_cache: PromptCache | None = None,
+    yielding: YieldController | None = None,
 ) -> FastAPI:
     """One model from ``engine_provider``, or, with ``fleet``, every model of the fleet
     (``engine_provider`` is then unused). ``prompt_cache``: the engines' saved states, for
-    the admin routes and ``/metrics`` (``slots_admin``)."""
+    the admin routes and ``/metrics`` (``slots_admin``). ``yielding``: yield and resume
+    (``server.yielding``; its watcher runs with the server's lifespan)."""
     app = FastAPI(
         title="homelab",
         summary="OpenAI-compatible endpoint for local models",
         docs_url=None,
         redoc_url=None,
+        lifespan=yield_admin.lifespan(yielding) if yielding is not None else None,
     )
     state = ServerState(engine_provider, config, fleet)
+    state.yielding = yielding
     app.state.homelab = state
+    if yielding is not None:
+        yield_admin.add_routes(app, yielding)
     _add_routes(app, state)
     state.prompt_cache = prompt_cache
     slots_admin.add_routes(app, prompt_cache, lambda model: _admin_engine(state, model))
@@ -214,6 +223,8 @@ async def serving_context(state: ServerState, request: Request, model: str) -> R
     request's model, loaded first when needed and held (a lease, returned by
     :class:`~homelab.server.fleet.LeaseRelease` when the response has ended)."""
     tenant, usage = request.scope[TENANT_KEY], request.scope.setdefault(USAGE_KEY, {})
+    if state.yielding is not None:  # yielded: wait for the GPU to come back, or 503
+        await state.yielding.admit(request.scope)
     if state.fleet is None:
         return RequestContext(state.engine(), state.config, state.metrics, tenant, usage, request)
     model = state.config.resolve_alias(model)  # claude-* -> a fleet model
@@ -240,6 +251,8 @@ async def _keep_alive(request: Request) -> float | bool | None:
 def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", responses={503: {"description": "the model is loading, or failed"}})
     async def health() -> JSONResponse:
+        if state.yielding is not None and state.yielding.state != "serving":
+            return JSONResponse(_yield_fields(state.yielding) | {"status": state.yielding.state})
         if state.fleet is not None:  # several models: serving as soon as it listens
             loaded_models = [s.name for s in state.fleet.residents()]
             return JSONResponse({"status": "ok", "loaded": loaded_models})
@@ -255,6 +268,8 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/metrics", response_class=PlainTextResponse, responses=ERROR_RESPONSES)
     async def metrics() -> Response:
         cache_lines = slots_admin.metrics_lines(state.prompt_cache)
+        if state.yielding is not None:
+            cache_lines += state.yielding.metrics_lines()
         if state.fleet is not None:
             body = render_fleet(state.metrics, state.fleet) + cache_lines
             return Response(body, media_type=CONTENT_TYPE)
@@ -269,7 +284,10 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
             fleet = state.fleet
             cards = [_fleet_card(state, fleet, n) for n in fleet.names()]
             return JSONResponse({"object": "list", "data": cards})
-        return JSONResponse({"object": "list", "data": [_model_card(state)]})
+        card = _model_card(state)
+        if state.yielding is not None and state.yielding.state != "serving":
+            card |= _yield_fields(state.yielding)
+        return JSONResponse({"object": "list", "data": [card]})
 
     @app.get("/v1/models/{model}", response_model=ModelCard, responses=ERROR_RESPONSES)
     async def retrieve_model(model: str) -> JSONResponse:
@@ -365,9 +383,34 @@ def _fleet_card(state: ServerState, fleet: Fleet, name: str) -> dict[str, Any]:
         "owned_by": "homelab",
         "status": model.status,
     }
+    if model.status == "unloaded" and _yielded(state, name):
+        card |= _yield_fields(state.yielding)
     if model.engine is None:  # what its file says (the context is its plan's, when loaded)
         return card | file_details(model.servable.path)
     return card | model_details(model.engine)
+
+
+def _yielded(state: ServerState, name: str) -> bool:
+    """Whether ``name`` is unloaded because the server has given its GPU back."""
+    yielding = state.yielding
+    event = yielding.current if yielding is not None else None
+    return (
+        yielding is not None
+        and yielding.state != "serving"
+        and event is not None
+        and (name in event.models)
+    )
+
+
+def _yield_fields(yielding: YieldController | None) -> dict[str, Any]:
+    """``status: yielded`` and why, for /health, /v1/models and ``/admin/models``."""
+    if yielding is None:
+        return {}
+    report = yielding.status()
+    return {
+        "status": "yielded",
+        "yield": {k: report[k] for k in ("state", "cause", "reason", "resumes")},
+    }
 
 
 def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
@@ -375,11 +418,17 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
 
     @app.get("/admin/models", responses=ERROR_RESPONSES)
     async def loaded_models() -> dict[str, Any]:
-        return {"object": "list", "data": fleet.snapshot()}
+        rows = fleet.snapshot()
+        for row in rows:
+            if row["status"] == "unloaded" and _yielded(state, row["model"]):
+                row |= _yield_fields(state.yielding)
+        return {"object": "list", "data": rows}
 
     @app.post("/admin/models/load", responses=ERROR_RESPONSES)
     async def load_model(request: Request) -> dict[str, Any]:
         name = _admin_model_name(await request.body())
+        if state.yielding is not None and state.yielding.state != "serving":
+            raise ApiError(409, "The server has given its GPU back: resume first.", code="yielded")
         slot = await fleet.load(name)
         return {"model": slot.name, "status": slot.status}
 
@@ -469,7 +518,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _add_middleware(app: FastAPI, state: ServerState) -> None:
     config = state.config
     # add_middleware wraps: the last one added is the outermost
-    if state.fleet is not None:
+    if state.fleet is not None or state.yielding is not None:
         app.add_middleware(LeaseRelease)  # innermost: after the response (stream) has ended
     app.add_middleware(BodyLimit, max_body_bytes=config.max_body_bytes)
     app.add_middleware(

@@ -387,6 +387,15 @@ class Fleet:
         self._forget_deleted()
         return True
 
+    async def unload_all(self, reason: str) -> list[str]:
+        """Unload every resident, busy or not (a yield: their requests have been drained or
+        ended first); the names unloaded, least recently used first."""
+        async with self._residency():
+            residents = sorted(self.residents(), key=lambda s: s.last_used)
+            for model in residents:
+                await self._unload(model, reason=reason)
+        return [model.name for model in residents]
+
     async def _expire(self) -> None:
         now = self.clock()
         due = [

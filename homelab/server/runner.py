@@ -19,6 +19,7 @@ from homelab.server.app import EngineProvider, RequestSubscriber, create_app, se
 from homelab.server.config import ServerConfig
 from homelab.server.engine_seam import EngineLike
 from homelab.server.fleet import Fleet
+from homelab.server.yielding import YieldController
 
 STARTUP_TIMEOUT_S = 15.0
 
@@ -63,7 +64,7 @@ def uvicorn_server(app: FastAPI) -> uvicorn.Server:
         app,
         log_config=None,  # our logging setup; uvicorn's access log would print query strings
         access_log=False,
-        lifespan="off",
+        lifespan="on" if server_state(app).yielding is not None else "off",  # its watcher
         timeout_graceful_shutdown=3,
         timeout_keep_alive=KEEP_ALIVE_S,
         server_header=False,
@@ -111,6 +112,7 @@ def start_server(
     config: ServerConfig | None = None,
     fleet: Fleet | None = None,
     prompt_cache: PromptCache | None = None,
+    yielding: YieldController | None = None,
 ) -> ServerHandle:
     """Serve ``engine`` (or an engine provider), or every model of ``fleet`` (``engine``
     None), on ``host:port`` (0: a free port) in a thread; ``prompt_cache`` is the engines'
@@ -120,7 +122,7 @@ def start_server(
     sock = bind_socket(host, port)
     bound_port = sock.getsockname()[1]
     config = replace(config, port=bound_port)
-    app = create_app(provider, config, fleet, prompt_cache=prompt_cache)
+    app = create_app(provider, config, fleet, prompt_cache=prompt_cache, yielding=yielding)
     server = uvicorn_server(app)
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{bound_port}"
