@@ -38,15 +38,15 @@ say "cuda-build-check $(date -u +%FT%TZ) on $(nproc) cores: llama-cpp-python $VE
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 
 # the route, exactly as `make install` takes it
-CMAKE_ARGS=$(make -s --no-print-directory cmake-args VENV="$VENV" 2>>"$SUMMARY")
-tail -4 "$SUMMARY"
+CMAKE_ARGS=$(make -s --no-print-directory cmake-args VENV="$VENV" 2>"$CHECK/route.txt")
+tee -a "$SUMMARY" <"$CHECK/route.txt"
 case "$CMAKE_ARGS" in *-DCMAKE_CUDA_ARCHITECTURES=89*) ;; *) say "FAIL: not a CUDA route for sm_89"; exit 1 ;; esac
 "$PYTHON" tools/build_route.py --venv "$VENV" prepare
 say "toolchain: $(du -sh "$VENV/cuda" | cut -f1) in $VENV/cuda after $(($(date +%s) - START)) s"
 "$VENV/bin/pip" install -q --target "$CHECK/cuobjdump" nvidia-cuda-cuobjdump==13.5.37
 
 SDIST=$CHECK/llama_cpp_python-$VERSION.tar.gz
-[ -f "$SDIST" ] || "$VENV/bin/pip" download -q --no-deps --no-binary :all: -d "$CHECK" \
+[ -f "$SDIST" ] || "$VENV/bin/pip" download -q --no-deps --no-binary llama-cpp-python -d "$CHECK" \
     "llama-cpp-python==$VERSION"
 BUILD_START=$(date +%s)
 export CMAKE_ARGS
