@@ -161,6 +161,11 @@ def host_compiler() -> tuple[str | None, int | None]:
 
 
 def driver_library() -> Path | None:
+    """The driver's libcuda.so.1. HOMELAB_LIBCUDA names it where the loader's cache does not
+    (set but empty: link none, as on a build machine without a driver)."""
+    if "HOMELAB_LIBCUDA" in os.environ:
+        given = os.environ["HOMELAB_LIBCUDA"]
+        return Path(given) if given and Path(given).exists() else None
     listing = run(["ldconfig", "-p"]) or ""
     for line in listing.splitlines():
         name, _, path = line.strip().partition(" => ")

@@ -187,7 +187,11 @@ def build_text(report: HardwareReport) -> str:
     if build.error is not None:
         return "llama.cpp not loadable"
     backends = ", ".join(build.backends) or "?"
-    return f"llama.cpp {shown(build.version)} · {backends}"
+    text = f"llama.cpp {shown(build.version)} · {backends}"
+    if build.cuda and build.cuda_version:  # a build homelab could read its CUDA version from
+        archs = ",".join(f"sm_{arch}" for arch in build.cuda_architectures)
+        text += f" {build.cuda_version} {archs}".rstrip()
+    return text
 
 
 def warnings_text(report: HardwareReport) -> str:
