@@ -125,7 +125,7 @@ def fake_nvcc(bin_dir: Path, release: str, *, cublas: bool) -> Path:
     body = (
         'case "$1" in\n'
         f'  --version) echo "Cuda compilation tools, release {release}, V{release}.1";;\n'
-        f'  --dryrun) echo \'#$ INCLUDES="-I{toolkit}/include"\' >&2;'
+        f"  --dryrun) echo '#$ INCLUDES=\"-I{toolkit}/include\"' >&2;"
         f" echo '#$ LIBRARIES=  \"-L{toolkit}/lib\"' >&2;;\n"
         "esac\n"
     )
@@ -141,8 +141,14 @@ def make_route(
     base.pop("CUDA_HOME", None)
     base.pop("CUDA_PATH", None)
     done = subprocess.run(
-        ["make", "-s", "cmake-args", f"CPUINFO={cpuinfo(tmp_path, 'avx2')}",
-         f"VENV={tmp_path / 'venv'}", *extra_args],
+        [
+            "make",
+            "-s",
+            "cmake-args",
+            f"CPUINFO={cpuinfo(tmp_path, 'avx2')}",
+            f"VENV={tmp_path / 'venv'}",
+            *extra_args,
+        ],
         cwd=ROOT,
         env=base,
         capture_output=True,
@@ -294,8 +300,9 @@ def test_no_route_is_one_message_with_the_fix_and_the_cpu_build(
 def fake_pip(bin_dir: Path, *, build_fails: bool = False) -> Path:
     """A pip that "installs" NVIDIA's wheels into --target (empty files where they put theirs)
     and, asked to build llama-cpp-python, prints a CMake error wall and fails, or succeeds."""
-    wall = "".join(f'echo "CMake Error at ggml/src/ggml-cuda/CMakeLists.txt:{n} (x):"\n'
-                   for n in range(120))
+    wall = "".join(
+        f'echo "CMake Error at ggml/src/ggml-cuda/CMakeLists.txt:{n} (x):"\n' for n in range(120)
+    )
     body = (
         'target=""; prev=""\n'
         'for a in "$@"; do [ "$prev" = "--target" ] && target="$a"; prev="$a"; done\n'
@@ -305,8 +312,11 @@ def fake_pip(bin_dir: Path, *, build_fails: bool = False) -> Path:
         ' "$root/lib/libcublasLt.so.13"\n'
         '  echo "$@" > "$target/pip-args"; exit 0\n'
         "fi\n"
-        + (wall + 'echo "ERROR: Failed building wheel for llama-cpp-python"\nexit 1\n'
-           if build_fails else "exit 0\n")
+        + (
+            wall + 'echo "ERROR: Failed building wheel for llama-cpp-python"\nexit 1\n'
+            if build_fails
+            else "exit 0\n"
+        )
     )
     return script(bin_dir / "pip", body)
 

@@ -425,7 +425,7 @@ def prepare(route: Route, venv: Path, pip: list[str], user_args: str | None) -> 
             print(
                 f"homelab: installing NVIDIA's CUDA toolchain failed ({error}).\n"
                 "  Retry `make install`; or build for CPU only: "
-                "`CMAKE_ARGS=\"$(make -s cmake-args-cpu)\" make install`",
+                '`CMAKE_ARGS="$(make -s cmake-args-cpu)" make install`',
                 file=sys.stderr,
             )
             return 1
@@ -453,8 +453,7 @@ def failed(route: Route, log: Path, user_args: str | None) -> int:
         print("  The disk is full: free some space (`df -h .`) and run it again.", file=sys.stderr)
     if user_args is not None or route.name in ("nvcc", "pip"):
         print(
-            "  To build for the CPU instead: "
-            'CMAKE_ARGS="$(make -s cmake-args-cpu)" make install',
+            '  To build for the CPU instead: CMAKE_ARGS="$(make -s cmake-args-cpu)" make install',
             file=sys.stderr,
         )
     return 1
