@@ -236,7 +236,8 @@ def choose(machine: Machine, venv: Path) -> Route:
             return fallback(
                 machine,
                 f"{machine.smi_error}, so no GPU can be used",
-                "check the NVIDIA driver (`nvidia-smi` must list the GPU), then `make rebuild-llama`",
+                "check the NVIDIA driver (`nvidia-smi` must list the GPU), "
+                "then `make rebuild-llama`",
             )
         return Route("cpu", "no nvidia-smi: no NVIDIA driver, the CPU build", cpu_args(machine))
     archs = architectures(machine.gpus)

@@ -19,8 +19,8 @@ BuildRecord = cuda.BuildRecord
 
 __all__ = [
     "EXPECTED_VERSION",
-    "BuildRecord",
     "BuildFacts",
+    "BuildRecord",
     "LlamaCppUnavailable",
     "build_facts",
     "supports_gpu_offload",

@@ -1,4 +1,4 @@
-"""The CUDA libraries of a pip-route build are found without LD_LIBRARY_PATH (homelab.llamacpp.cuda).
+"""A pip-route build's CUDA libraries are found without LD_LIBRARY_PATH (llamacpp.cuda).
 
 No CUDA runtime or cuBLAS can be used on the machines these tests run on: small libraries
 compiled here stand in for them, with their sonames (``libcudart.so.13``, ``libcublas.so.13``,
