@@ -21,9 +21,15 @@ The routes, in order:
 ``CMAKE_ARGS`` set by the user wins; the Makefile does not call ``route`` then.
 The GPUs come from ``nvidia-smi --query-gpu=compute_cap,driver_version``: the build is compiled
 for the architecture of every GPU present (``89`` for an RTX 4090, ``86;89`` for a mixed box).
-Linking ggml-cuda needs the driver's ``libcuda``: the driver's own library is used where there
-is one; without it (a build machine without a driver) ggml's virtual-memory pool is compiled out
-(``GGML_CUDA_NO_VMM=ON``), which costs a GPU some compute-buffer memory (see the README).
+Linking ggml-cuda needs the driver's ``libcuda`` (NVIDIA's pip wheels have no stub of it): the
+driver's own library is linked where there is one (``ldconfig``, or ``HOMELAB_LIBCUDA``), as on
+any GPU box. Without one (a build machine without a driver, ``make cuda-build-check``) ggml's
+virtual-memory pool is compiled out (``GGML_CUDA_NO_VMM=ON``). What that costs on a GPU: ggml's
+temporary buffers (cuBLAS's converted operands, scratch of some kernels) then come from its older
+pool, separate ``cudaMalloc`` chunks allocated 5 % larger than asked and kept (up to 256, reused
+best-fit), instead of one virtual range that grows in place: more VRAM held for the same work,
+and a synchronizing ``cudaMalloc`` whenever the pool grows. Correctness is unchanged; ``homelab
+hw`` shows "VMM pool: no" for such a build.
 """
 
 from __future__ import annotations
