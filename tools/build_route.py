@@ -242,8 +242,9 @@ def choose(machine: Machine, venv: Path) -> Route:
             return fallback(
                 machine,
                 f"{machine.smi_error}, so no GPU can be used",
-                "check the NVIDIA driver (`nvidia-smi` must list the GPU), "
-                "then `make rebuild-llama`",
+                "update or repair the NVIDIA driver (`nvidia-smi --query-gpu=compute_cap "
+                "--format=csv` must list every GPU), then `make rebuild-llama`; or set "
+                "CMAKE_ARGS yourself (README)",
             )
         return Route("cpu", "no nvidia-smi: no NVIDIA driver, the CPU build", cpu_args(machine))
     archs = architectures(machine.gpus)

@@ -8,7 +8,9 @@
 # $CHECK/venv/cuda, and llama-cpp-python built as a wheel for sm_89 only. Then it checks:
 #   - the wheel has libggml-cuda.so;
 #   - its device code is sm_89 only (cuobjdump --list-elf / --list-ptx, from NVIDIA's wheel);
-#   - ldd resolves every dependency of every library in the wheel except the driver's libcuda.
+#   - ldd resolves every dependency of every library in the wheel except the driver's libcuda
+#     (with the folder homelab's doorway opens the CUDA libraries from);
+#   - the wheel, installed, imports through homelab's doorway without LD_LIBRARY_PATH.
 # Writes $CHECK/summary.txt (times, sizes, ldd) and exits non-zero when a check fails.
 set -euo pipefail
 
@@ -74,11 +76,31 @@ else say "ok: sm_89 only"; fi
 
 say "ldd $CUDA_LIB (no LD_LIBRARY_PATH):"
 ldd "$CUDA_LIB" | tee -a "$SUMMARY"
+say "readelf RUNPATH of libggml-cuda.so: $(readelf -d "$CUDA_LIB" | grep -E 'RUNPATH|RPATH' || echo none)"
+# what homelab's doorway opens before the import (the record's cuda_lib_dir), as a search path
+CUDA_LIB_DIR=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["cuda_lib_dir"])' \
+    "$VENV/homelab-build.json")
 for lib in "$LIBS"/*.so; do
-    missing=$(ldd "$lib" | grep 'not found' | grep -v 'libcuda\.so' || true)
+    missing=$(LD_LIBRARY_PATH=$CUDA_LIB_DIR ldd "$lib" | grep 'not found' | grep -v 'libcuda\.so' || true)
     if [ -n "$missing" ]; then say "FAIL: $(basename "$lib") lacks: $missing"; FAILED=1; fi
 done
-[ "$FAILED" = 0 ] && say "ok: every dependency resolves except the driver's libcuda"
-say "readelf RUNPATH of libggml-cuda.so: $(readelf -d "$CUDA_LIB" | grep -E 'RUNPATH|RPATH' || echo none)"
+[ "$FAILED" = 0 ] && say "ok: with $CUDA_LIB_DIR, every dependency resolves except the driver's libcuda"
+
+# the runtime: the wheel installed, imported through homelab's doorway with the record and no
+# LD_LIBRARY_PATH (no GPU here: the CUDA backend finds no device, the library must still load)
+"$VENV/bin/pip" install -q --no-deps "$WHEEL" && "$VENV/bin/pip" install -q numpy diskcache jinja2 \
+    typing-extensions
+if env -u LD_LIBRARY_PATH PYTHONPATH="$ROOT" HOMELAB_BUILD_RECORD="$VENV/homelab-build.json" \
+    "$VENV/bin/python" - >>"$SUMMARY" 2>"$CHECK/import.log" <<'PY'
+from homelab.llamacpp import cuda
+from homelab.llamacpp._lib import lib
+info = lib().llama_print_system_info().decode()
+maps = open("/proc/self/maps").read().splitlines()
+loaded = sorted({line.split()[-1] for line in maps if "libcu" in line or "ggml-cuda" in line})
+print("import through the doorway: ok\n  system info:", info.split("|")[0:3])
+print("  CUDA runtime loaded:", cuda.runtime_version(), "\n  " + "\n  ".join(loaded))
+PY
+then say "ok: llama_cpp imports with its CUDA backend, no LD_LIBRARY_PATH"; tail -8 "$SUMMARY"
+else say "FAIL: the import (see $CHECK/import.log)"; tail -5 "$CHECK/import.log"; FAILED=1; fi
 say "total $(($(date +%s) - START)) s"
 exit "$FAILED"
