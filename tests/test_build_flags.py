@@ -237,7 +237,7 @@ def test_a_driver_too_old_for_both_builds_for_the_cpu_and_names_both_fixes(
     assert "route: cpu-fallback" in reason
     assert "CUDA 13.0, which needs driver >= 580" in reason
     assert "update the NVIDIA driver to 580 or newer" in reason
-    assert "install a CUDA toolkit" in reason and "make rebuild-llama" in reason
+    assert "install a CUDA 12 toolkit" in reason and "make rebuild-llama" in reason
 
 
 @needs_make

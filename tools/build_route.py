@@ -284,7 +284,7 @@ def nvcc_route(machine: Machine, archs: list[int]) -> Route:
         return Route("no", f"CUDA {version} does not accept {host_text(machine)}")
     if machine.free_bytes < MIN_FREE_BYTES["nvcc"]:
         return Route("no", f"only {machine.free_bytes / GIB:.1f} GiB free")
-    args = [*cuda_args(archs), f"-DCMAKE_CUDA_COMPILER={machine.nvcc}", *host_args(machine)]
+    args = [*cuda_args(archs), f"-DCMAKE_CUDA_COMPILER={machine.nvcc}", *host_args()]
     return Route(
         "nvcc",
         f"the system CUDA {version} toolkit ({machine.nvcc}), which driver "
@@ -303,8 +303,8 @@ def pip_route(machine: Machine, venv: Path, archs: list[int], why_not_nvcc: str)
             machine,
             f"{why_not_nvcc}, and driver {driver} is too old for NVIDIA's CUDA 13 toolchain "
             f"from PyPI (it needs >= {MIN_DRIVER[13]})",
-            f"either update the NVIDIA driver to {MIN_DRIVER[13]} or newer, or install a CUDA "
-            "toolkit with cuBLAS that this driver runs (`sudo apt install nvidia-cuda-toolkit`, "
+            f"either update the NVIDIA driver to {MIN_DRIVER[13]} or newer, or install a "
+            f"{runs_text(machine)} toolkit with cuBLAS (`sudo apt install nvidia-cuda-toolkit`, "
             "or NVIDIA's cuda-toolkit package), then `make rebuild-llama`",
         )
     if min(archs) < MIN_ARCH[13]:
@@ -339,7 +339,7 @@ def pip_toolchain_route(machine: Machine, venv: Path, archs: list[int], why: str
         f"-DCMAKE_CUDA_COMPILER={root / 'bin' / 'nvcc'}",
         f"-DCUDAToolkit_ROOT={root}",
         *driver_args,
-        *host_args(machine),
+        *host_args(),
     ]
     return Route(
         "pip",
@@ -359,11 +359,18 @@ def driver_link_args(machine: Machine) -> tuple[list[str], bool]:
     return ["-DGGML_CUDA_NO_VMM=ON"], False
 
 
+def runs_text(machine: Machine) -> str:
+    """ "CUDA 12" for a 550 driver: the newest CUDA major release the driver runs."""
+    driver = driver_major(machine.gpus)
+    majors = [major for major, need in MIN_DRIVER.items() if driver >= need]
+    return f"CUDA {max(majors)}" if majors else "CUDA"
+
+
 def cuda_args(archs: list[int]) -> list[str]:
     return ["-DGGML_CUDA=on", "-DCMAKE_CUDA_ARCHITECTURES=" + ";".join(map(str, archs))]
 
 
-def host_args(machine: Machine) -> list[str]:
+def host_args() -> list[str]:
     chosen = os.environ.get("CUDAHOSTCXX")
     return [f"-DCMAKE_CUDA_HOST_COMPILER={chosen}"] if chosen else []
 
