@@ -462,6 +462,8 @@ def failed(route: Route, log: Path, user_args: str | None) -> int:
     print(f"homelab: building llama-cpp-python failed (the whole log: {log}):", file=sys.stderr)
     for line in errors[:6] or lines[-6:]:
         print(f"  {line[:200]}", file=sys.stderr)
+    if os.environ.get("CI"):  # no one can open the log afterwards: its end goes with the run
+        print("\n".join(["--- the end of the log ---", *lines[-60:], "---"]), file=sys.stderr)
     used = f"your CMAKE_ARGS ({user_args})" if user_args is not None else f"route {route.name}"
     print(f"  It was built with {used}; `make cmake-args` says why.", file=sys.stderr)
     if any("No space left" in line for line in lines):
