@@ -41,8 +41,24 @@ class LlamaCppUnavailable(EngineError):
         self.first_line = (str(cause).splitlines() or [type(cause).__name__])[0]
         super().__init__(
             f"llama-cpp-python could not be loaded ({self.first_line})",
-            hint=f"Reinstall it: {REINSTALL_COMMAND}",
+            hint=_hint(self.first_line),
         )
+
+
+def _hint(first_line: str) -> str:
+    """What to do, by what failed to load: the driver's library, CUDA's own, or the package."""
+    if "libcuda.so" in first_line:
+        return (
+            "This llama.cpp was built with CUDA and the NVIDIA driver's libcuda is missing: "
+            "install or repair the NVIDIA driver (`nvidia-smi` must work), or rebuild it for "
+            "this machine in the homelab checkout: make rebuild-llama"
+        )
+    if any(name in first_line for name in ("libcudart", "libcublas")):
+        return (
+            "The CUDA libraries this llama.cpp was built against are gone (a removed toolkit, "
+            "or .venv/cuda): rebuild it in the homelab checkout: make rebuild-llama"
+        )
+    return f"Reinstall it: {REINSTALL_COMMAND}"
 
 
 def lib() -> ModuleType:

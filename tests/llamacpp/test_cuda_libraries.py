@@ -166,3 +166,19 @@ def test_the_record_make_writes_is_read(tmp_path: Path) -> None:
         cuda_lib_dir=str(tmp_path),
         vmm=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("loader_error", "expected"),
+    [
+        ("libcuda.so.1: cannot open shared object file", "install or repair the NVIDIA driver"),
+        ("libcublas.so.13: cannot open shared object file", "make rebuild-llama"),
+        ("No module named 'llama_cpp'", "Reinstall it: .venv/bin/pip install llama-cpp-python"),
+    ],
+)
+def test_a_build_that_does_not_load_says_what_to_do(loader_error: str, expected: str) -> None:
+    from homelab.llamacpp._lib import LlamaCppUnavailable
+
+    error = LlamaCppUnavailable(OSError(loader_error))
+    assert loader_error in str(error)
+    assert expected in (error.hint or "")
