@@ -40,6 +40,8 @@ def format_report(report: HardwareReport) -> str:
     lines.append(row("CPU", cpu_text(report.cpu)))
     lines.append(row("RAM", memory_text(report.memory)))
     lines.extend(build_lines(report.build))
+    if report.build_verdict:
+        lines.append(row("verdict", report.build_verdict))
     if report.notes or report.warnings:
         lines.append("")
     lines.extend(f"note: {note}" for note in report.notes)
@@ -128,7 +130,19 @@ def build_lines(build: BuildInfo) -> list[str]:
     summary = f"{shown(build.version)} · GPU offload: {offload} · backends: {backends}"
     if build.rpc is not None:
         summary += " · RPC workers: " + ("yes" if build.rpc else "no (built without GGML_RPC)")
-    return [row("llama.cpp", summary), row("", shown(build.system_info))]
+    lines = [row("llama.cpp", summary), row("", shown(build.system_info))]
+    if build.cuda:
+        lines.append(row("CUDA build", cuda_text(build)))
+    if build.record is not None:
+        lines.append(row("built by", f"make, route {build.record.route}: {build.record.reason}"))
+    return lines
+
+
+def cuda_text(build: BuildInfo) -> str:
+    """ "13.5 · sm_89 · VMM pool: no (GGML_CUDA_NO_VMM)" """
+    archs = ", ".join(f"sm_{arch}" for arch in build.cuda_architectures) or NOT_AVAILABLE
+    vmm = {True: "yes", False: "no (GGML_CUDA_NO_VMM)", None: NOT_AVAILABLE}[build.vmm]
+    return f"CUDA {shown(build.cuda_version)} · {archs} · VMM pool: {vmm}"
 
 
 def format_profiles(profiles: Mapping[str, GpuProfile]) -> str:

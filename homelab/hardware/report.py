@@ -11,7 +11,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from homelab.hardware.build import CUDA_REBUILD_COMMAND, BuildInfo, read_build
+from homelab.hardware.build import BuildInfo, read_build
 from homelab.hardware.gpu import (
     GpuInfo,
     cuda_driver_version,
@@ -21,6 +21,7 @@ from homelab.hardware.gpu import (
 )
 from homelab.hardware.host import CpuInfo, MemoryInfo, read_cpu, read_memory
 from homelab.hardware.nvml import Nvml, NvmlUnavailable, open_nvml, shared_nvml
+from homelab.hardware.verdict import build_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class HardwareReport:
     build: BuildInfo
     warnings: tuple[str, ...]  # things the user should fix, most important first
     notes: tuple[str, ...]  # things worth knowing (GPUs skipped, fields the driver lacks)
+    build_verdict: str = ""  # one line: what the llama.cpp build does here (mismatches warn)
 
     @property
     def has_gpu(self) -> bool:
@@ -61,6 +63,7 @@ def detect(nvml_module: Any | None = None, *, build: BuildInfo | None = None) ->
     """Describe this machine. ``nvml_module`` replaces pynvml, ``build`` the llama.cpp probe."""
     section = _detect_gpus(nvml_module)
     build = read_build() if build is None else build
+    verdict = build_verdict(section.gpus, build, section.cuda_driver_version)
     return HardwareReport(
         gpus=section.gpus,
         reason=section.reason,
@@ -69,8 +72,9 @@ def detect(nvml_module: Any | None = None, *, build: BuildInfo | None = None) ->
         cpu=read_cpu(),
         memory=read_memory(),
         build=build,
-        warnings=build_warnings(section.gpus, build),
+        warnings=verdict.warnings,
         notes=section.notes,
+        build_verdict=verdict.summary,
     )
 
 
@@ -129,15 +133,3 @@ def _missing_function_notes(nvml: Nvml) -> list[str]:
         f"the NVIDIA driver lacks {', '.join(missing)}; those fields show N/A "
         "(a newer driver provides them)"
     ]
-
-
-def build_warnings(gpus: tuple[GpuInfo, ...], build: BuildInfo) -> tuple[str, ...]:
-    warnings = []
-    if build.error is not None:
-        warnings.append(build.error)
-    if gpus and build.cpu_only:
-        warnings.append(
-            f"llama.cpp was built for CPU only, but {gpus[0].name} is present: nothing will run "
-            f"on the GPU. Rebuild it with CUDA:\n  {CUDA_REBUILD_COMMAND}"
-        )
-    return tuple(warnings)

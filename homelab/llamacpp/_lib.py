@@ -5,6 +5,10 @@ machine without the driver), so nothing imports it at module level: :func:`lib` 
 first call that needs llama.cpp, and turns a failure into an :class:`EngineError` that says
 how to reinstall. The import statement runs on every call (a dictionary lookup once loaded),
 so a test that hides ``llama_cpp`` from ``sys.modules`` sees the failure path.
+
+Before the first import, the CUDA libraries ``make`` built against are opened from where it
+recorded them (:mod:`.cuda`: NVIDIA's pip wheels are on no search path), so a CUDA build loads
+without ``LD_LIBRARY_PATH``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from types import ModuleType
 from typing import Any, Self
 
 from homelab.errors import EngineError
+from homelab.llamacpp import cuda
 from homelab.llamacpp.log import on_log
 
 EXPECTED_VERSION = "0.3.36"  # the llama-cpp-python release homelab is written against
@@ -24,6 +29,7 @@ REINSTALL_COMMAND = f".venv/bin/pip install llama-cpp-python=={EXPECTED_VERSION}
 _install_lock = threading.Lock()
 _callback: Any = None  # kept alive for as long as llama.cpp may call it
 _ggml: dict[str, ctypes.CDLL] = {}
+_preloaded: list[bool] = []  # the recorded CUDA libraries were opened (once per process)
 
 
 class LlamaCppUnavailable(EngineError):
@@ -35,13 +41,32 @@ class LlamaCppUnavailable(EngineError):
         self.first_line = (str(cause).splitlines() or [type(cause).__name__])[0]
         super().__init__(
             f"llama-cpp-python could not be loaded ({self.first_line})",
-            hint=f"Reinstall it: {REINSTALL_COMMAND}",
+            hint=_hint(self.first_line),
         )
+
+
+def _hint(first_line: str) -> str:
+    """What to do, by what failed to load: the driver's library, CUDA's own, or the package."""
+    if "libcuda.so" in first_line:
+        return (
+            "This llama.cpp was built with CUDA and the NVIDIA driver's libcuda is missing: "
+            "install or repair the NVIDIA driver (`nvidia-smi` must work), or rebuild it for "
+            "this machine in the homelab checkout: make rebuild-llama"
+        )
+    if any(name in first_line for name in ("libcudart", "libcublas")):
+        return (
+            "The CUDA libraries this llama.cpp was built against are gone (a removed toolkit, "
+            "or .venv/cuda): rebuild it in the homelab checkout: make rebuild-llama"
+        )
+    return f"Reinstall it: {REINSTALL_COMMAND}"
 
 
 def lib() -> ModuleType:
     """llama-cpp-python's module (slow the first time), with homelab's log handling on."""
     global _callback
+    if not _preloaded:
+        cuda.preload(cuda.read_record())
+        _preloaded.append(True)
     try:
         import llama_cpp
     except Exception as error:  # ImportError, or OSError/RuntimeError from the shared library

@@ -10,13 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from homelab.llamacpp import cuda
 from homelab.llamacpp._lib import EXPECTED_VERSION, LlamaCppUnavailable, lib
 from homelab.llamacpp.devices import devices
 from homelab.llamacpp.rpc import available as has_rpc
 
+BuildRecord = cuda.BuildRecord
+
 __all__ = [
     "EXPECTED_VERSION",
     "BuildFacts",
+    "BuildRecord",
     "LlamaCppUnavailable",
     "build_facts",
     "supports_gpu_offload",
@@ -31,11 +35,14 @@ class BuildFacts:
     gpu_offload: bool
     system_info: str  # e.g. "CUDA : ARCHS = 890 | ... | CPU : SSE3 = 1 | ..."
     rpc: bool = False  # built with the RPC backend (remote workers, ``homelab worker``)
+    cuda_version: str | None = None  # the CUDA runtime it loaded (or was recorded with)
+    record: BuildRecord | None = None  # how ``make`` built it (tools/build_route.py)
 
 
 def build_facts() -> BuildFacts:
     """The build's facts; raises LlamaCppUnavailable when llama-cpp-python does not load."""
     module = lib()
+    record = cuda.read_record()
     info = module.llama_print_system_info()
     text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
     return BuildFacts(
@@ -43,7 +50,16 @@ def build_facts() -> BuildFacts:
         gpu_offload=supports_gpu_offload(),
         system_info=text.strip(),
         rpc=has_rpc(),
+        cuda_version=_cuda_version(text, record),
+        record=record,
     )
+
+
+def _cuda_version(system_info: str, record: BuildRecord | None) -> str | None:
+    """A CUDA build's CUDA version: the loaded runtime's, else the recorded toolkit's."""
+    if "CUDA :" not in system_info:
+        return None
+    return cuda.runtime_version() or (record.cuda_version if record else None)
 
 
 def cpu_library_stamp() -> str:

@@ -186,8 +186,11 @@ def build_text(report: HardwareReport) -> str:
     build = report.build
     if build.error is not None:
         return "llama.cpp not loadable"
-    backends = ", ".join(build.backends) or "?"
-    return f"llama.cpp {shown(build.version)} · {backends}"
+    names = list(build.backends)
+    if build.cuda and build.cuda_version:  # "CUDA 13.5 sm_89": what it was compiled for
+        archs = ",".join(f"sm_{arch}" for arch in build.cuda_architectures)
+        names[names.index("CUDA")] = f"CUDA {build.cuda_version} {archs}".rstrip()
+    return f"llama.cpp {shown(build.version)} · {', '.join(names) or '?'}"
 
 
 def warnings_text(report: HardwareReport) -> str:

@@ -35,7 +35,7 @@ def _make_variables(**env: str) -> tuple[str, str]:
 def test_make_builds_with_rpc_and_bypasses_the_wheel_cache() -> None:
     cmake_args, cache_flag = _make_variables()
     assert "-DGGML_RPC=on" in cmake_args.split()
-    assert ("-DGGML_CUDA=on" in cmake_args.split()) == (shutil.which("nvidia-smi") is not None)
+    # with CUDA or not: tests/test_build_flags.py (the build route, with a fake nvidia-smi)
     assert cache_flag == "--no-cache-dir"
 
 
