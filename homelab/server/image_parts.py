@@ -5,8 +5,8 @@ block with a ``source``, Responses' ``input_image``); its validator calls one of
 :func:`image_from_url` / :func:`image_from_base64`, which return the decoded pixels in the
 common form ``{"type": "image", "image": DecodedImage}`` takes. The limits come from the
 pydantic validation context (:func:`image_context`, filled from ``ServerConfig`` by
-``app.parse_body``, which also runs validation off the event loop when a body carries
-images): at most ``max_images`` per request (:func:`check_image_count`, counted before any is
+``app.parse_body``, which runs the validation of every route that takes images off the
+event loop): at most ``max_images`` per request (:func:`check_image_count`, counted before any is
 decoded), a byte cap checked on the base64 text before it is decoded, a pixel cap per image
 and per request, and ``data:`` URLs only unless the server allows fetching ``http(s)`` URLs
 (then public addresses only unless allowed, with a size and a time limit, no redirects;
