@@ -667,25 +667,33 @@ class Scheduler:
         while self._waiting and self._slots.n_free:
             job = self._waiting.popleft()
             self._dequeued()
-            placement = self._slots.acquire(job.request.tenant, job.prompt)
-            assert placement is not None  # n_free > 0
-            job.slot = placement.slot
-            job.n_past = job.prompt_pos = placement.n_cached
-            job.clock.cached_tokens = placement.n_cached
-            job.clock.started = time.perf_counter()
-            if job.images is not None:
-                self._admit_images(job, job.images.prompt)
-                continue
-            job.chain.accept_prompt(job.prompt)
-            if self._speculator is not None:
-                job.spec = self._speculator.start(
-                    job.slot.seq_id,
-                    job.prompt,
-                    placement.n_cached,
-                    job.request.sampling,
-                    job.request.tenant,
-                )
-            self._prefilling.append(job)
+            try:
+                self._admit_one(job)
+            except Exception as exc:  # that job fails and its slot frees; the others go on
+                log.exception("admitting a request failed")
+                self._fail(job, f"internal engine error while admitting the request: {exc}")
+
+    def _admit_one(self, job: Job) -> None:
+        """Give ``job`` a slot (its cached prefix reused) and start reading its prompt."""
+        placement = self._slots.acquire(job.request.tenant, job.prompt)
+        assert placement is not None  # n_free > 0
+        job.slot = placement.slot
+        job.n_past = job.prompt_pos = placement.n_cached
+        job.clock.cached_tokens = placement.n_cached
+        job.clock.started = time.perf_counter()
+        if job.images is not None:
+            self._admit_images(job, job.images.prompt)
+            return
+        job.chain.accept_prompt(job.prompt)
+        if self._speculator is not None:
+            job.spec = self._speculator.start(
+                job.slot.seq_id,
+                job.prompt,
+                placement.n_cached,
+                job.request.sampling,
+                job.request.tenant,
+            )
+        self._prefilling.append(job)
 
     # --- drafts ----------------------------------------------------------------------------
 
