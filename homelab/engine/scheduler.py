@@ -349,18 +349,36 @@ class Scheduler:
         while self._waiting and self._slots.n_free:
             queued = self._waiting.popleft()
             self._dequeued()
-            placement = self._slots.acquire(queued.request.tenant, queued.prompt)
-            assert placement is not None  # n_free > 0
-            job = AdmittedJob.place(queued, placement.slot, placement.n_cached)
-            job.clock.cached_tokens = placement.n_cached
-            job.clock.started = time.perf_counter()
-            if job.images is not None:
-                self._images.admit(job, job.images.prompt)
-            else:
-                job.chain.accept_prompt(job.prompt)
-                if self._drafting is not None:
-                    self._drafting.start(job, placement.n_cached)
-            self._prefilling.append(job)
+            try:
+                self._admit_one(queued)
+            except Exception as exc:  # that job fails and its slot frees; the others go on
+                log.exception("admitting a request failed")
+                message = f"internal engine error while admitting the request: {exc}"
+                self._finish(queued, "error", error=message)
+
+    def _admit_one(self, queued: Job) -> None:
+        """Give ``queued`` a slot (its cached prefix reused) and start reading its prompt.
+        ``slots.acquire`` frees the slot itself when a restore fails; a failure after it
+        fails the admitted job, which clears and frees its slot."""
+        placement = self._slots.acquire(queued.request.tenant, queued.prompt)
+        assert placement is not None  # n_free > 0
+        job = AdmittedJob.place(queued, placement.slot, placement.n_cached)
+        try:
+            self._start(job, placement.n_cached)
+        except Exception as exc:
+            log.exception("starting an admitted request failed")
+            self._fail(job, f"internal engine error while admitting the request: {exc}")
+
+    def _start(self, job: AdmittedJob, n_cached: int) -> None:
+        job.clock.cached_tokens = n_cached
+        job.clock.started = time.perf_counter()
+        if job.images is not None:
+            self._images.admit(job, job.images.prompt)
+        else:
+            job.chain.accept_prompt(job.prompt)
+            if self._drafting is not None:
+                self._drafting.start(job, n_cached)
+        self._prefilling.append(job)
 
     # --- building and running the batch ---------------------------------------------------
 

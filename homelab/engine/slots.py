@@ -145,7 +145,12 @@ class SlotTable:
         self._clock += 1
         slot.last_used = self._clock
         if self.keeper is not None:
-            n_cached = self._restored(slot, prompt, n_cached)
+            try:
+                n_cached = self._restored(slot, prompt, n_cached)
+            except BaseException:  # the request never got the slot: it must not stay busy
+                self.clear(slot)  # a restore may have half-written its cache
+                slot.busy = False
+                raise
         return Placement(slot, n_cached)
 
     def _restored(self, slot: Slot, prompt: Sequence[int], n_cached: int) -> int:

@@ -4,10 +4,12 @@ What a client sends is untrusted. Before any pixel is decoded the bytes are capp
 format is sniffed from the magic bytes (PNG, JPEG, WebP, GIF, BMP: what llama-server's stb
 reads; SVG and everything else refused) and checked against the MIME type the client named,
 and the dimensions the header declares are checked against a pixel cap (a decompression bomb
-declares a huge size in a few bytes). Only then does Pillow decode, restricted to those
-formats. The result is normalised to packed RGB: EXIF orientation applied, alpha composited
-on white, palette / CMYK / 16-bit / grayscale converted; a GIF or WebP gives its first frame.
-Every refusal is one :class:`ImageRejected` saying what was wrong and what to do.
+declares a huge size in a few bytes), and the records Pillow would walk in Python are
+counted against a budget (:mod:`homelab.images.structure`: RLE BMP refused). Only then does
+Pillow decode, restricted to those formats. The result is normalised to packed RGB: EXIF
+orientation applied, alpha composited on white, palette / CMYK / 16-bit / grayscale
+converted; a GIF or WebP gives its first frame. Every refusal is one
+:class:`ImageRejected` saying what was wrong and what to do.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from PIL import Image, ImageOps
 
 from homelab.errors import HomelabError
 from homelab.images.decoded import DecodedImage
+from homelab.images.structure import StructureRefused, check_structure
 
 MIB = 1024 * 1024
 DEFAULT_MAX_IMAGE_BYTES = 20 * MIB  # OpenAI's per-image limit
@@ -69,6 +72,10 @@ def decode_image(
     check_size(len(data), limits)
     image_format = sniff_format(data)
     check_declared(declared_mime, image_format)
+    try:
+        check_structure(data, image_format)
+    except StructureRefused as exc:
+        raise ImageRejected(exc.message, code="image_too_complex", hint=exc.hint) from None
     with _opened(data, image_format) as image:
         check_pixels(image.size, limits)
         rgb = _rgb_of(_loaded(image))

@@ -89,7 +89,9 @@ async def create_message(ctx: RequestContext, req: MessagesRequest) -> Response:
     choices = prepared.reply.choices(submitted, handles)
     if req.stream:
         return EventStreamResponse(
-            _events(ctx, req, prepared, handles, choices), next_event_ready(handles)
+            _events(ctx, req, prepared, handles, choices),
+            next_event_ready(handles),
+            handles=handles,
         )
     return await respond(ctx, handles, choices, lambda: message_body(ctx, req, choices[0]))
 

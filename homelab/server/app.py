@@ -101,6 +101,10 @@ ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
 
 log = logging.getLogger("homelab.server")
 
+# bodies that carry no image and no tools: validated on the loop (no thread hop)
+TEXT_ONLY_MODELS: frozenset[type[BaseModel]] = frozenset(
+    {CompletionRequest, embeddings.EmbeddingRequest}
+)
 EngineProvider = Callable[[], EngineLike | None]
 RequestSubscriber = Callable[[RequestRecord], None]
 Body = TypeVar("Body", bound=BaseModel)
@@ -205,9 +209,11 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         ) from None
     context = image_context(server_state(request.app).config.image_policy)
     try:
-        if b"image" in raw:  # decoding images takes milliseconds: off the event loop
-            return await anyio.to_thread.run_sync(_validated, model, raw, context)
-        return _validated(model, raw, context)
+        if model in TEXT_ONLY_MODELS:
+            return _validated(model, raw, context)
+        # whatever its spelling (a JSON escape hides the bytes "image"), a body of a route that
+        # takes images may decode (or fetch) them: validated off the event loop, always
+        return await anyio.to_thread.run_sync(_validated, model, raw, context)
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
 

@@ -58,7 +58,9 @@ async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Re
     states = prepared.reply.choices(submitted, handles)
     if req.stream:
         return EventStreamResponse(
-            _stream(ctx, req, handles, states, prepared.reply), next_event_ready(handles)
+            _stream(ctx, req, handles, states, prepared.reply),
+            next_event_ready(handles),
+            handles=handles,
         )
     return await respond(
         ctx,

@@ -48,7 +48,7 @@ async def text_completion(ctx: RequestContext, req: CompletionRequest) -> Respon
     echoes = [_echo_text(ctx, prompts[s.prompt_index]) if req.echo else "" for s in states]
     if req.stream:
         return EventStreamResponse(
-            _stream(ctx, req, handles, states, echoes), next_event_ready(handles)
+            _stream(ctx, req, handles, states, echoes), next_event_ready(handles), handles=handles
         )
     want_logprobs = req.logprobs is not None
     return await respond(

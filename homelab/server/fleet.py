@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ log = logging.getLogger("homelab.server")
 Status = Literal["unloaded", "loading", "loaded"]
 LEASES_KEY = "homelab.leases"  # the scope's list of leases, returned when the response ends
 DEFAULT_KEEP_ALIVE_S = 600.0
+MAX_KEEP_ALIVE_S = 366 * 86400  # longer is a typo (or an attack): -1 keeps a model for good
 DEFAULT_MAX_WAITING = 64
 REAP_INTERVAL_S = 0.25
 RETRY_AFTER_S = 5
@@ -59,15 +61,23 @@ def parse_keep_alive(value: object) -> float | None:
     of seconds, ``0`` (unload when idle) or a negative value (never: None)."""
     if isinstance(value, bool):
         raise ConfigError(f"keep_alive {value!r} is not a duration.")
-    if isinstance(value, int | float):
-        seconds = float(value)
+    if isinstance(value, int):  # compared as an int: 400 digits do not fit a float
+        seconds = float(max(-1, min(value, MAX_KEEP_ALIVE_S + 1)))
+    elif isinstance(value, float):
+        seconds = value
     else:
-        match = _DURATION.match(str(value))
+        match = _DURATION.match(str(value)[:64])
         if match is None:
             raise ConfigError(
-                f"keep_alive {value!r} is not a duration.", hint="Write it like 10m, 30s or -1."
+                f"keep_alive {str(value)[:64]!r} is not a duration.",
+                hint="Write it like 10m, 30s or -1.",
             )
         seconds = float(match[1]) * _UNIT_S[match[2]]
+    if math.isnan(seconds) or seconds > MAX_KEEP_ALIVE_S:
+        raise ConfigError(
+            f"keep_alive is more than {MAX_KEEP_ALIVE_S // 86400} days (or not a number).",
+            hint="Give a shorter duration, or -1 to keep the model loaded for good.",
+        )
     return None if seconds < 0 else seconds
 
 

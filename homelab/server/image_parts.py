@@ -5,11 +5,12 @@ block with a ``source``, Responses' ``input_image``); its validator calls one of
 :func:`image_from_url` / :func:`image_from_base64`, which return the decoded pixels in the
 common form ``{"type": "image", "image": DecodedImage}`` takes. The limits come from the
 pydantic validation context (:func:`image_context`, filled from ``ServerConfig`` by
-``app.parse_body``, which also runs validation off the event loop when a body carries
-images): at most ``max_images`` per request (:func:`check_image_count`, counted before any is
+``app.parse_body``, which runs the validation of every route that takes images off the
+event loop): at most ``max_images`` per request (:func:`check_image_count`, counted before any is
 decoded), a byte cap checked on the base64 text before it is decoded, a pixel cap per image
 and per request, and ``data:`` URLs only unless the server allows fetching ``http(s)`` URLs
-(then public addresses only unless allowed, with a size and a time limit, no redirects;
+(then public addresses only unless allowed, with a size cap and one overall deadline,
+no redirects: :mod:`homelab.server.image_fetch`;
 the address is checked before the request, so a host that changes its DNS answer in between
 could still reach a private one). Local paths and ``file:`` URLs are never
 read; at most four images decode at once in the process. Every refusal is a ``ValueError``
@@ -24,10 +25,7 @@ import ipaddress
 import re
 import socket
 import threading
-import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +38,12 @@ from homelab.images.decode import (
     decode_image,
 )
 from homelab.images.decoded import DecodedImage
+from homelab.server.image_fetch import fetch_image
 
 DEFAULT_MAX_IMAGES = 16
 DEFAULT_URL_TIMEOUT_S = 10.0
 CONTEXT_KEY = "homelab.images"
 DATA_URL = re.compile(r"^data:(?P<mime>[^;,]*)(?P<params>(?:;[^;,]*)*),", re.IGNORECASE)
-READ_CHUNK_BYTES = 64 * 1024
 # images decoded at once, all requests together: each holds up to max_image_pixels × 4 bytes
 # while Pillow works, so many large uploads at once queue here instead of piling up memory
 DECODING = threading.BoundedSemaphore(4)
@@ -218,47 +216,6 @@ def check_public(url: str, policy: ImagePolicy) -> None:
                 "this server fetches public addresses only (its admin can allow private ones "
                 "with --allow-private-image-urls)"
             )
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None  # a 3xx then raises HTTPError: the client should give the final URL
-
-
-def fetch_image(url: str, policy: ImagePolicy) -> tuple[str | None, bytes]:
-    """GET ``url`` (http(s), no redirects) within the time and byte limits."""
-    opener = urllib.request.build_opener(_NoRedirect)
-    request = urllib.request.Request(url, headers={"Accept": "image/*"})
-    deadline = time.monotonic() + policy.url_timeout_s
-    try:
-        with opener.open(request, timeout=policy.url_timeout_s) as response:
-            mime = response.headers.get_content_type()
-            body = _read_capped(response, policy, deadline)
-    except urllib.error.HTTPError as exc:
-        raise ValueError(f"fetching the image URL failed: HTTP {exc.code}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ValueError(f"fetching the image URL failed ({reason})") from None
-    return (mime if mime.startswith("image/") else None), body
-
-
-def _read_capped(response: Any, policy: ImagePolicy, deadline: float) -> bytes:
-    chunks: list[bytes] = []
-    size_bytes = 0
-    while chunk := response.read(READ_CHUNK_BYTES):
-        size_bytes += len(chunk)
-        if size_bytes > policy.max_image_bytes:
-            raise ValueError(
-                f"the image at the URL is more than the {policy.max_image_bytes} bytes this "
-                "server accepts"
-            )
-        if time.monotonic() > deadline:
-            raise ValueError(
-                f"fetching the image URL took more than {policy.url_timeout_s:g} s; "
-                "send the image inline as a data URL"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def count_typed_parts(messages: Any, part_type: str) -> int:

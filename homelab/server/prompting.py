@@ -127,7 +127,8 @@ async def prepare_chat(
     """Everything checked, rendered and tokenized, in the one order every dialect shares."""
     template = require_template(ctx.engine)
     tools = offered_tools(inputs, template)
-    grammar = output_grammar(inputs, tools, template)
+    # a schema's conversion costs its size (up to the bounds): never on the event loop
+    grammar = await anyio.to_thread.run_sync(output_grammar, inputs, tools, template)
     rendered = await _rendered(ctx, inputs, template, tools)
     reply = _reply_format(ctx, inputs, rendered)
     if grammar is not None and reply.opened:  # the reply starts inside <think>: let it think

@@ -40,6 +40,9 @@ _BODY_ENDS = (H_END, H_START, H_CHANNEL, H_CALL, H_RETURN)
 _ENABLE_THINKING = re.compile(r"\benable_thinking\b")
 _REASONING_EFFORT = re.compile(r"\breasoning_effort\b")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+# a reply opens with a channel, a new message, or (as the template renders a call) the
+# recipient of its role header: `` to=functions.NAME<|channel|>commentary json<|message|>``
+_HEADER_STARTS = (H_CHANNEL, H_START, "to=")
 THOUGHT_RULE = "homelab-thought"
 ANSWER_RULE = "homelab-answer"
 
@@ -252,6 +255,8 @@ class HarmonySplitter:
             parts += self._body_parts(buffer)
         elif self._state in ("start", "plain") and buffer:
             parts.append(ContentDelta(buffer))
+        elif self._state == "header" and buffer.startswith("to="):
+            parts.append(ContentDelta(buffer))  # "to=…" that no header followed: plain text
         return parts
 
     def _step(self, parts: list[Part]) -> bool:
@@ -269,9 +274,9 @@ class HarmonySplitter:
 
     def _choose(self) -> bool:
         head = self._buffer.lstrip()
-        if head.startswith((H_CHANNEL, H_START)):
+        if head.startswith(_HEADER_STARTS):
             self._state, self._buffer = "header", head
-        elif not head or any(m.startswith(head) for m in (H_CHANNEL, H_START)):
+        elif not head or any(m.startswith(head) for m in _HEADER_STARTS):
             return False
         else:
             self._state = "plain"

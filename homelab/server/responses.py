@@ -19,6 +19,7 @@ out with a ``Warning`` header and a log line.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -54,6 +55,9 @@ from homelab.server.serving import (
 from homelab.server.streaming import EventStreamResponse, next_event_ready
 
 log = logging.getLogger("homelab.server.responses")
+PLAIN_NAME = re.compile(r"[^A-Za-z0-9_.:/-]")  # what a tool type may show in a header
+MAX_WARNED_TYPES = 8
+MAX_WARNED_NAME_CHARS = 64
 
 
 async def create_response(
@@ -62,6 +66,7 @@ async def create_response(
     """One response; with ``store``, earlier ones continue (``previous_response_id``) and this
     one is kept unless ``store: false``."""
     req = _continued(ctx, req, store)
+    headers = _warning_headers(req)  # before anything is submitted: nothing can raise after
     prepared = await prepare(ctx, req)
     ctx.new_id("resp_")
     handles, submitted = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
@@ -69,12 +74,10 @@ async def create_response(
     keep = _keeper(ctx, req, store)
     echo = ResponseEcho(req, prepared.sampling_for(0, prepared.prompt), keep)
     if req.stream:
-        return _warned(
-            req,
-            EventStreamResponse(
-                response_events(ctx, echo, handles, states), next_event_ready(handles)
-            ),
-        )
+        events = response_events(ctx, echo, handles, states)
+        stream = EventStreamResponse(events, next_event_ready(handles), handles=handles)
+        stream.headers.update(headers)
+        return stream
 
     def body() -> dict[str, object]:
         state = states[0]
@@ -83,7 +86,9 @@ async def create_response(
         status = output_status(finish.reason, output)
         return echo.done(response_object(ctx, echo, status, output, state))
 
-    return _warned(req, await respond(ctx, handles, states, body))
+    response = await respond(ctx, handles, states, body)
+    response.headers.update(headers)
+    return response
 
 
 def _continued(
@@ -110,15 +115,21 @@ def _keeper(
     return lambda response: store.put(tenant, response, items)
 
 
-def _warned(req: ResponsesRequest, response: Response) -> Response:
+def _warning_headers(req: ResponsesRequest) -> dict[str, str]:
     """Tools this server cannot run were left out: said in a header and the log, not a 400
-    (Codex offers web_search, local_shell… beside its function tools)."""
-    ignored = req.ignored_tool_types
-    if ignored:
-        message = f"tools of type {', '.join(ignored)} were ignored (function tools only)"
-        log.warning("responses: %s", message)
-        response.headers["Warning"] = f'299 homelab "{message}"'
-    return response
+    (Codex offers web_search, local_shell… beside its function tools). The types are the
+    client's text: only their plain ASCII name characters reach the header and the log."""
+    ignored = [_plain(name) for name in req.ignored_tool_types[:MAX_WARNED_TYPES]]
+    if not ignored:
+        return {}
+    message = f"tools of type {', '.join(ignored)} were ignored (function tools only)"
+    log.warning("responses: %s", message)
+    return {"Warning": f'299 homelab "{message}"'}
+
+
+def _plain(name: str) -> str:
+    kept = PLAIN_NAME.sub("?", str(name)[:MAX_WARNED_NAME_CHARS])
+    return kept or "?"
 
 
 async def _chat_request(ctx: RequestContext, req: ResponsesRequest) -> ChatCompletionRequest:

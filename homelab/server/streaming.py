@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -161,20 +162,30 @@ class EventStreamResponse(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, events: AsyncIterator[bytes], more_ready: Callable[[], bool] | None = None
+        self,
+        events: AsyncIterator[bytes],
+        more_ready: Callable[[], bool] | None = None,
+        *,
+        handles: Sequence[HandleLike] = (),
     ) -> None:
         self.status_code = 200
         self.background = None
         self.init_headers(SSE_HEADERS)  # no body: no Content-Length, the stream decides its end
         self._events = events
         self._more_ready = more_ready or _never
+        # the engine requests ``events`` reads: cancelled when the stream is over, and when
+        # this response is dropped unsent (an error between submission and the first byte):
+        # an iterator that never started runs no ``finally`` of its own
+        self._over = weakref.finalize(self, _cancel_all, tuple(handles))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         try:
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)
             await run_while_connected(receive, self._send_events(send))
         finally:
             await self._close_events()
+            self._over()  # finished requests ignore it
 
     async def _send_events(self, send: Send) -> None:
         more_ready, held = self._more_ready, b""
@@ -199,6 +210,11 @@ class EventStreamResponse(Response):
 
 def _never() -> bool:
     return False
+
+
+def _cancel_all(handles: Sequence[HandleLike]) -> None:
+    for handle in handles:
+        handle.cancel()
 
 
 def next_event_ready(handles: Sequence[HandleLike]) -> Callable[[], bool] | None:

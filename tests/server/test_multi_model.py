@@ -278,6 +278,10 @@ def test_keep_alive_unloads_idle_models(start: Callable[..., ServerHandle]) -> N
         assert loaded(http) == {b}
         bad = chat(http, a, keep_alive="soon")
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+        for absurd in (int("9" * 400), "9" * 400 + "h", 1e308):  # bounded: /admin/models answers
+            huge = chat(http, a, keep_alive=absurd)
+            assert huge.status_code == 400 and "keep_alive" in huge.json()["error"]["message"]
+        assert http.get("/admin/models").status_code == 200
 
 
 def test_explicit_load_and_unload(start: Callable[..., ServerHandle]) -> None:

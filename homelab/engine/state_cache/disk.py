@@ -169,11 +169,11 @@ def _parse_header(fixed: bytes, handle: _Readable) -> tuple[FileHeader, int]:
     return header, header_bytes
 
 
-def read_state(entry: StateEntry) -> memoryview:
-    """The state bytes of ``entry``'s file, after checking the checksum and the whole key: a
-    writable view into the one buffer the file was read into (llama.cpp reads it in place)."""
-    assert entry.path is not None
-    raw = _read_whole(entry.path)
+def read_state(entry: StateEntry, path: Path) -> memoryview:
+    """The state bytes of ``entry``'s file at ``path``, after checking the checksum and the
+    whole key: a writable view into the one buffer the file was read into (llama.cpp reads
+    it in place)."""
+    raw = _read_whole(path)
     if len(raw) < _FIXED.size + CHECKSUM_BYTES:
         raise StateFileError("truncated")
     view = memoryview(raw)

@@ -107,16 +107,16 @@ class PromptCache:
     def load(self, candidate: Candidate) -> StateBytes | None:
         """The candidate's state bytes (None: gone, or its file failed a check and is gone)."""
         entry = candidate.entry
-        with self._lock:
-            data = entry.data
+        with self._lock:  # both read together: the writer may unlink the file meanwhile
+            data, path = entry.data, entry.path
             entry.last_used_s = time.time()
         if data is not None:
             self._count("hits_ram")
             return data
-        if entry.path is None:
+        if path is None:
             return None
         try:
-            from_disk = disk.read_state(entry)
+            from_disk = disk.read_state(entry, path)  # gone since: an OSError, a miss
         except (OSError, disk.StateFileError) as exc:
             self._drop_file(entry, str(exc))
             return None
@@ -348,8 +348,9 @@ class PromptCache:
     def _drop_file(self, entry: StateEntry, reason: str) -> None:
         with self._lock:
             self._forget(entry)
-        if entry.path is not None:
-            self._drop_path(entry.path, reason)
+            path = entry.path  # read under the lock: the writer may set it to None
+        if path is not None:
+            self._drop_path(path, reason)
 
     def _drop_path(self, path: Path, reason: str) -> None:
         self._count("dropped")

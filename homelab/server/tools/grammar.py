@@ -22,7 +22,13 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from homelab.engine.grammar import schema_to_grammar
+from homelab.engine.grammar import (
+    MAX_GRAMMAR_CHARS,
+    MAX_SCHEMA_CHARS,
+    check_grammar,
+    schema_to_grammar,
+)
+from homelab.errors import EngineError
 from homelab.server.tools.detect import GENERIC, HERMES, LLAMA3
 from homelab.server.tools.formats import Composite, ToolFormat
 from homelab.server.tools.json_forms import JsonObjects, Mistral, NamedJson
@@ -50,13 +56,35 @@ def forced_call_grammar(
     if isinstance(tool_format, bool):
         tool_format = HERMES if tool_format else LLAMA3
     chosen = [t["function"] for t in tools if only is None or t["function"]["name"] == only]
+    _check_total_schema([function.get("parameters") for function in chosen])
     rules: list[str] = []
     calls: list[str] = []
+    size_chars = 0
     for number, function in enumerate(chosen):
         call, extra = _call_rule(tool_format, function, f"t{number}-")
         calls.append(call)
         rules += extra
-    return "\n".join([f"root ::= {' | '.join(f'( {c} )' for c in calls)}", *rules]) + "\n"
+        size_chars += len(call) + sum(len(rule) for rule in extra)
+        if size_chars > MAX_GRAMMAR_CHARS:  # stop building now: check_grammar would refuse it
+            raise EngineError(
+                f"the forced tool call's grammar is over {MAX_GRAMMAR_CHARS} characters",
+                hint="Offer fewer or smaller tools, or do not force the call.",
+            )
+    grammar = "\n".join([f"root ::= {' | '.join(f'( {c} )' for c in calls)}", *rules]) + "\n"
+    check_grammar(grammar)
+    return grammar
+
+
+def _check_total_schema(schemas: list[Any]) -> None:
+    """Every chosen tool's parameters together within one schema's bound: the converter's
+    work grows with their total size, whatever the number of tools or properties."""
+    size_chars = len(json.dumps(schemas))
+    if size_chars > MAX_SCHEMA_CHARS:
+        raise EngineError(
+            f"the tools' parameter schemas are {size_chars} characters together; a forced "
+            f"tool call takes at most {MAX_SCHEMA_CHARS}",
+            hint="Offer fewer or smaller tools, or do not force the call.",
+        )
 
 
 def _call_rule(

@@ -22,6 +22,7 @@ from homelab.server.tools.formats import (
     require_object,
 )
 from homelab.server.tools.scan import Malformed, read_json
+from homelab.server.tools.strict_json import check_json_value
 from homelab.server.tools.toolset import ToolSet
 
 MAX_CHARS = 100_000
@@ -76,6 +77,7 @@ def _call(node: ast.Call, tools: ToolSet) -> PartialCall:
     arguments: dict[str, Any] = {}
     for keyword in node.keywords:
         arguments[str(keyword.arg)] = _literal(keyword.value)
+    check_json_value(arguments)  # no sets, bytes, ``...``, inf: a literal of JSON's types
     call = PartialCall(require_name(node.func.id, tools), arguments=arguments)
     call.args = json.dumps(arguments, ensure_ascii=False)
     return call

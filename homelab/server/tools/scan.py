@@ -11,17 +11,14 @@ import json
 import re
 from collections.abc import Iterable
 
-MAX_DEPTH = 128  # deeper arguments are refused: no real tool takes them, a hostile model may
+from homelab.server.tools.strict_json import MAX_DEPTH, Malformed, strict_json_loads
+
 _STRUCTURE = re.compile(r'["{}\[\]]')
 _IN_STRING = re.compile(r'["\\]')
 _BARE = re.compile(r"(?:[\s,:0-9eE.+\-]|true|false|null)*")
 _BARE_TAIL = re.compile(r"t(?:r(?:ue?)?)?|f(?:a(?:l(?:se?)?)?)?|n(?:u(?:ll?)?)?")
 _CLOSERS = {"}": "{", "]": "["}
 _WHITESPACE = re.compile(r"\s*")
-
-
-class Malformed(ValueError):
-    """The text cannot be what the format says comes here."""
 
 
 def skip_space(text: str, pos: int) -> int:
@@ -110,8 +107,10 @@ def value_end(text: str, pos: int) -> int | None:
 
 
 def read_json(text: str) -> object:
+    """``text`` as strict JSON: ``NaN``, ``Infinity`` and numbers too large for a double
+    (``1e999``) are refused, as no client's JSON parser reads them."""
     try:
-        return json.loads(text)
+        return strict_json_loads(text)
     except (ValueError, RecursionError) as exc:
         raise Malformed(str(exc)) from exc
 
@@ -119,3 +118,6 @@ def read_json(text: str) -> object:
 def string_prefix(text: str) -> str:
     """``text`` as the start of a JSON string literal (opening quote, no closing one)."""
     return json.dumps(text, ensure_ascii=False)[:-1]
+
+
+__all__ = ["MAX_DEPTH", "Malformed"]

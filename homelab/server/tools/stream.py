@@ -23,7 +23,8 @@ import secrets
 from homelab.server.pieces import ContentDelta, StreamPiece, ToolCall, ToolCallArgs, ToolCallStart
 from homelab.server.tools.detect import GENERIC
 from homelab.server.tools.formats import PartialCall, Scan, ToolFormat
-from homelab.server.tools.scan import Malformed, could_become, held_suffix
+from homelab.server.tools.scan import could_become, held_suffix
+from homelab.server.tools.strict_json import strict_json_loads
 from homelab.server.tools.toolset import ToolSet
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class ToolCallStream:
     def _scan(self, final: bool) -> Scan:
         try:
             return self._format.scan(self._buffer, final, self._tools)
-        except (Malformed, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # Malformed, or a scanner's own slip
             return Scan(failed=str(exc) or type(exc).__name__)
 
     def _deltas(self, calls: list[PartialCall]) -> list[StreamPiece]:
@@ -139,12 +140,24 @@ class ToolCallStream:
     def _close(self, calls: list[PartialCall], end: int) -> list[StreamPiece]:
         done = [c for c in calls if c.arguments is not None and c.name]
         pieces = self._deltas(done)
-        for number, call in enumerate(done):
-            arguments = json.dumps(call.arguments, ensure_ascii=False)
-            pieces.append(ToolCall(self._sent[number][0], call.name, arguments))
+        finished = [self._finished(number, call) for number, call in enumerate(done)]
+        if any(call is None for call in finished):  # never a call unlike what was streamed
+            return [*pieces, *self._give_up(Scan(failed="the streamed arguments differ"))]
+        pieces += [call for call in finished if call is not None]
         self._index += len(done)
         self._buffer, self._in_region, self._sent = self._buffer[end:], False, []
         return pieces
+
+    def _finished(self, number: int, call: PartialCall) -> ToolCall | None:
+        """The whole call, if the arguments streamed for it are strict JSON spelling the
+        same object (a client assembles the fragments); None if they are not."""
+        call_id, sent = self._sent[number]
+        try:
+            arguments = json.dumps(call.arguments, ensure_ascii=False, allow_nan=False)
+            streamed = strict_json_loads(sent) if sent else call.arguments
+        except (ValueError, TypeError, RecursionError):
+            return None
+        return ToolCall(call_id, call.name, arguments) if streamed == call.arguments else None
 
     def _give_up(self, scan: Scan) -> list[StreamPiece]:
         """The region is not a call after all: its text goes back to the content (from the
@@ -153,6 +166,7 @@ class ToolCallStream:
         self._in_region = False
         if self._sent:  # the stream already showed a call start: the client sees it unfinished
             log.warning("a tool call the model began is malformed (%s)", scan.failed)
+            self._index += len(self._sent)  # its index is spent: the next call gets a new one
             text, self._buffer, self._sent = self._buffer, "", []
             return [ContentDelta(text)]
         marker = next((m for m in self._format.markers() if self._buffer.startswith(m)), "")

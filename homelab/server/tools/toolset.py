@@ -4,10 +4,11 @@ the JSON type of each parameter (formats that write arguments as raw text are ty
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from homelab.server.tools.strict_json import check_json_value, strict_json_loads
 
 _JSON_TYPES = {"integer", "number", "boolean", "object", "array", "null"}
 
@@ -53,18 +54,22 @@ class ToolSet:
 
 
 def json_or_text(raw: str) -> Any:
+    """``raw`` as the JSON value it spells (strict JSON, or a Python literal of JSON's
+    types); anything else (a set, bytes, ``...``, ``NaN``, ``1e999``) stays the text."""
     text = raw.strip()
     python = {"True": True, "False": False, "None": None}
     if text in python:
         return python[text]
     try:
-        return json.loads(text)
-    except ValueError:
+        return strict_json_loads(text)
+    except (ValueError, RecursionError):
         pass
     try:  # templates that render arguments with ``| string`` write Python literals
-        return ast.literal_eval(text) if len(text) < 100_000 else raw
-    except (ValueError, SyntaxError, RecursionError, MemoryError):
-        return raw
+        value = ast.literal_eval(text) if len(text) < 100_000 else raw
+        check_json_value(value)
+    except (ValueError, SyntaxError, RecursionError, MemoryError, TypeError):
+        return raw  # Malformed is a ValueError
+    return value
 
 
 def _parameter_types(schema: object) -> dict[str, str]:

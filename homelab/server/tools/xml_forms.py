@@ -63,12 +63,12 @@ class TaggedArgs(MarkedCalls):
         call = PartialCall(require_name(raw_name.strip(), tools), args="{")
         if end_mark not in (self.key_open, self.call_close):
             at += len(end_mark)
-        values: dict[str, Any] = {}
+        values = _Written()
         while True:
             at = skip_space(text, at)
             if text.startswith(self.call_close, at):
-                call.arguments = values
-                call.args = json.dumps(values, ensure_ascii=False)
+                call.arguments = values.values
+                call.args = values.so_far() + "}"
                 return call, at + len(self.call_close)
             if text.startswith(self.key_open, at):
                 step = self._parameter(text, at + len(self.key_open), call, values, tools)
@@ -81,7 +81,7 @@ class TaggedArgs(MarkedCalls):
             raise Malformed(f"unexpected text in a call: {text[at : at + 30]!r}")
 
     def _parameter(
-        self, text: str, pos: int, call: PartialCall, values: dict[str, Any], tools: ToolSet
+        self, text: str, pos: int, call: PartialCall, values: _Written, tools: ToolSet
     ) -> int | None:
         """Reads one parameter into ``values`` (and the streamable ``call.args``); returns
         where it ends, or None while it is incomplete."""
@@ -105,23 +105,17 @@ class TaggedArgs(MarkedCalls):
         if close < 0:
             partial = self._partial(text[at:]) if is_string else None
             if partial is not None:
-                comma = ", " if values else ""
-                call.args = f"{self._so_far(values)}{comma}{json.dumps(key)}: {partial}"
+                call.args = values.so_far(f"{json.dumps(key, ensure_ascii=False)}: {partial}")
             return None
         raw = self._trim(text[at:close])
-        values[key] = raw if is_string else self._typed(call.name, key, raw, key_end, tools)
-        call.args = self._so_far(values)
+        values.add(key, raw if is_string else self._typed(call.name, key, raw, key_end, tools))
+        call.args = values.so_far()
         return close + len(self.value_close)
 
     def _typed(self, tool: str, key: str, raw: str, key_end: str, tools: ToolSet) -> Any:
         if key_end in self.json_ends:
             return json_or_text(raw)
         return tools.value(tool, key, raw)
-
-    @staticmethod
-    def _so_far(values: dict[str, Any]) -> str:
-        """The object so far, left open for more: ``{"a": 1`` (or ``{`` when empty)."""
-        return json.dumps(values, ensure_ascii=False)[:-1]
 
     def _partial(self, raw: str) -> str | None:
         """A string value still being written, minus what may be its closing tag (and the
@@ -143,3 +137,22 @@ class TaggedArgs(MarkedCalls):
             raw = raw.removeprefix("\n")
             raw = raw.removesuffix("\n")
         return raw
+
+
+class _Written:
+    """A call's parameters as they were written: the values (a repeated parameter's last
+    one wins, as JSON parsers read a repeated key) and the object's text, which only ever
+    grows (the repeat is written again), so the streamed fragments stay a prefix of it."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self._members: list[str] = []
+
+    def add(self, key: str, value: Any) -> None:
+        self.values[key] = value
+        member = json.dumps({key: value}, ensure_ascii=False, allow_nan=False)[1:-1]
+        self._members.append(member)
+
+    def so_far(self, partial: str = "") -> str:
+        """The object so far, left open for more: ``{"a": 1`` (or ``{`` when empty)."""
+        return "{" + ", ".join([*self._members, *([partial] if partial else [])])

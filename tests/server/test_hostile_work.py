@@ -1,0 +1,156 @@
+"""Unbounded work before a 400 (issue 39): a forced ``tool_choice`` over a huge schema, an
+image URL served one byte at a time or with broken HTTP, a ``keep_alive`` of 400 digits.
+Each is a prompt 400 that says what was wrong, and the server keeps answering meanwhile."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from server_helpers import MODEL_ID, alice_headers, assert_still_serving
+from test_image_requests import PNG, _chat_with
+
+from homelab.errors import ConfigError, EngineError
+from homelab.server.fleet import MAX_KEEP_ALIVE_S, parse_keep_alive
+from homelab.server.image_parts import ImagePolicy
+from homelab.server.runner import ServerHandle
+from homelab.server.tools import FORMATS, forced_call_grammar
+
+# --- forced tool_choice -------------------------------------------------------------------------
+
+
+def many_properties_body(n_properties: int) -> dict[str, Any]:
+    properties = {f"p{i}": {"type": "integer"} for i in range(n_properties)}
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": properties}},
+    }
+    return {
+        "model": MODEL_ID,
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [tool],
+        "tool_choice": "required",
+    }
+
+
+def test_a_forced_call_over_a_huge_schema_is_a_quick_400(server: ServerHandle) -> None:
+    body = many_properties_body(200_000)
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        started = time.monotonic()
+        response = http.post("/v1/chat/completions", json=body, headers=alice_headers())
+        elapsed_s = time.monotonic() - started
+        assert response.status_code == 400, response.text
+        assert "characters" in response.json()["error"]["message"]
+        assert response.json()["error"]["param"] == "tools"
+        assert elapsed_s < 5, f"{elapsed_s:.1f} s before the 400"
+        assert_still_serving(http)
+
+
+@pytest.mark.parametrize("family", ["qwen3-coder", "glm", "minimax-m2", "lfm2"])
+def test_a_forced_call_in_a_tagged_family_bounds_the_schemas_total(family: str) -> None:
+    """Tagged and Python-call families convert each property on its own (each under the
+    per-schema cap): the total is bounded before any is converted."""
+    tools = many_properties_body(100_000)["tools"]
+    started = time.monotonic()
+    with pytest.raises(EngineError, match="characters"):
+        forced_call_grammar(tools, None, FORMATS[family])
+    assert time.monotonic() - started < 1
+
+
+# --- image URLs -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def raw_http() -> Iterator[Callable[[Callable[[socket.socket], None]], str]]:
+    """A one-connection HTTP server on loopback that answers with ``respond(conn)``."""
+    listeners: list[socket.socket] = []
+
+    def serve(respond: Callable[[socket.socket], None]) -> str:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listeners.append(listener)
+
+        def run() -> None:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                with contextlib.suppress(OSError):
+                    respond(conn)
+
+        threading.Thread(target=run, daemon=True).start()
+        return f"http://127.0.0.1:{listener.getsockname()[1]}/cat.png"
+
+    yield serve
+    for listener in listeners:
+        listener.close()
+
+
+def dribble(conn: socket.socket) -> None:
+    """A valid response, one byte every 0.3 s (for at most 30 s)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: image/png\r\n"
+    data = head + b"X-Pad: " + b"a" * 200 + b"\r\n\r\n" + PNG
+    for byte in data[:100]:
+        conn.sendall(bytes([byte]))
+        time.sleep(0.3)
+
+
+POLICY = ImagePolicy(allow_urls=True, allow_private_urls=True, url_timeout_s=1.5)
+
+
+def test_a_url_served_a_byte_at_a_time_ends_at_the_deadline(
+    raw_http: Callable[[Callable[[socket.socket], None]], str],
+) -> None:
+    url = raw_http(dribble)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"took more than 1\.5 s"):
+        _chat_with(url, POLICY)
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (b"garbage\r\n\r\n", "BadStatusLine"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\nContent-Type: image/png\r\n\r\n" + PNG,
+         "fail"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "fail"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 200 + b"\r\n", "fail"),
+    ],
+    ids=["bad-status-line", "incomplete-read", "bad-chunk", "too-many-headers"],
+)  # fmt: skip
+def test_broken_http_from_an_image_url_is_a_clear_refusal(
+    raw_http: Callable[[Callable[[socket.socket], None]], str], reply: bytes, says: str
+) -> None:
+    url = raw_http(lambda conn: conn.sendall(reply))
+    with pytest.raises(ValueError, match=says) as refused:
+        _chat_with(url, POLICY)
+    assert "image" in str(refused.value)
+
+
+# --- keep_alive ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value", [int("9" * 400), "9" * 400, 1e308, float("inf"), float("nan"), "99999999h"]
+)
+def test_an_absurd_keep_alive_is_refused_clearly(value: Any) -> None:
+    with pytest.raises(ConfigError, match="keep_alive"):
+        parse_keep_alive(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(-int("9" * 400), None), (float("-inf"), None), ("10m", 600.0), (MAX_KEEP_ALIVE_S, None)],
+)
+def test_keep_alive_bounds(value: Any, seconds: float | None) -> None:
+    expected = float(MAX_KEEP_ALIVE_S) if value == MAX_KEEP_ALIVE_S else seconds
+    assert parse_keep_alive(value) == expected
