@@ -21,8 +21,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from homelab.engine.state_cache.key import ModelKey
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 
 MODEL = ModelKey("bench-model", "k=f16 v=f16 fa=0 cells=65536 streams=1 swa_full=0")
 SYSTEM_TOKENS = 4096

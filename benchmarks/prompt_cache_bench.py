@@ -36,7 +36,7 @@ from pathlib import Path
 
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.gguf.reader import read_model
 from homelab.settings import Settings
 from homelab.units import GIB

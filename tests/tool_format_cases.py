@@ -16,7 +16,7 @@ from typing import Any
 
 from template_corpus import templates_dir, vocab_file
 
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.llamacpp.model import Model, ModelParams
 
 CONTENT, REASONING = "Let me check.", "Need data."

@@ -9,7 +9,7 @@
 The verb reads the data folder (``serve`` writes what it holds in RAM there when it stops); a
 running server forgets a state whose file is gone when it next looks for it.
 
-``serve`` keeps a tenant's prompt states beyond their slot (``homelab.engine.state_cache``):
+``serve`` keeps a tenant's prompt states beyond their slot (``homelab.engine.prompt_cache``):
 in host RAM up to ``--prompt-cache-ram-mib`` (default: a share of the host's plan budget, see
 ``planner.budget.default_prompt_cache_bytes``), which the planner sets aside before planning
 the model, then on disk under the data folder up to ``--prompt-cache-disk-mib``;
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from homelab.units import GIB, MIB, format_size
 
 if TYPE_CHECKING:
-    from homelab.engine.state_cache.store import EntryInfo, PromptCache
+    from homelab.engine.prompt_cache.store import EntryInfo, PromptCache
     from homelab.planner.budget import Hardware
 
 DISK_CAP_MAX_BYTES = 16 * GIB
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def open_disk_cache() -> PromptCache:
-    from homelab.engine.state_cache.store import CacheConfig, PromptCache
+    from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 
     return PromptCache(CacheConfig(0, 0, cache_folder()))
 
@@ -181,7 +181,7 @@ def open_cache(args: argparse.Namespace, ram_budget_bytes: int) -> PromptCache |
     """The process's prompt cache (None with ``--no-prompt-cache``)."""
     if getattr(args, "no_prompt_cache", False):
         return None
-    from homelab.engine.state_cache.store import CacheConfig, PromptCache
+    from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 
     folder = cache_folder()
     disk_mib = getattr(args, "prompt_cache_disk_mib", None)

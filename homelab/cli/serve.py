@@ -33,7 +33,7 @@ from homelab.cli import flags, yield_flags
 from homelab.cli import prompt_cache as prompt_cache_cli
 
 if TYPE_CHECKING:
-    from homelab.engine.state_cache.store import PromptCache
+    from homelab.engine.prompt_cache.store import PromptCache
     from homelab.models.launch import Overrides
     from homelab.models.ref import ModelRef
     from homelab.planner.budget import Hardware

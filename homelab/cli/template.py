@@ -47,7 +47,7 @@ def _json(report: dict[str, Any]) -> str:
 
 def _load(args: argparse.Namespace) -> tuple[Any, dict[str, str]]:
     """The template (from the file, or the model's GGUF) and the special tokens to show."""
-    from homelab.engine.chat import ChatTemplate
+    from homelab.engine.chat_template import ChatTemplate
 
     if (args.template is None) == (args.model is None):
         raise TemplateError("give a MODEL or --template FILE.jinja (one of them)")

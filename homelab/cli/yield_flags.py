@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from homelab.cli import flags
 
 if TYPE_CHECKING:
-    from homelab.engine.state_cache.store import PromptCache
+    from homelab.engine.prompt_cache.store import PromptCache
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
     from homelab.server.fleet import Fleet

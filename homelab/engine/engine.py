@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from homelab.engine.amx_check import refuse_crashing_build
 from homelab.engine.api import EngineMetrics, FinishEvent, GenerationRequest
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.engine.handle import RequestHandle
 from homelab.engine.image_prefill import ImagePrefill, check_image_prompt, image_prompt
 from homelab.engine.image_prompt import ImagePrompt
@@ -85,8 +85,8 @@ from homelab.settings import Settings
 
 if TYPE_CHECKING:
     from homelab.engine.embeddings import Embedder
-    from homelab.engine.state_cache.slot_states import SlotStates
-    from homelab.engine.state_cache.store import PromptCache
+    from homelab.engine.prompt_cache.slot_states import SlotStates
+    from homelab.engine.prompt_cache.store import PromptCache
 
 _request_ids = itertools.count(1)
 PROFILE_STEPS_ENV = "HOMELAB_PROFILE_STEPS"  # set: every step timed by phase (EngineMetrics)
@@ -192,7 +192,7 @@ class Engine(Closing):
         ``predicted`` (the planner's memory prediction) is stored next to what was really
         allocated in the calibration record. ``speculation`` turns on speculative decoding;
         a target or draft it cannot work with raises ``SpeculationError`` (an EngineError).
-        ``prompt_cache`` (``homelab.engine.state_cache``) keeps slot states beyond the slot.
+        ``prompt_cache`` (``homelab.engine.prompt_cache``) keeps slot states beyond the slot.
         """
         if speculation is not None:
             speculation.checked()
@@ -234,8 +234,8 @@ class Engine(Closing):
                 self.model_info.name,
             )
             return None
-        from homelab.engine.state_cache.key import ModelKey, layout_of
-        from homelab.engine.state_cache.slot_states import SlotStates
+        from homelab.engine.prompt_cache.key import ModelKey, layout_of
+        from homelab.engine.prompt_cache.slot_states import SlotStates
         from homelab.gguf.identity import model_identity
 
         layout = layout_of(self.settings, self.n_ctx_per_slot, self.n_slots)
@@ -454,8 +454,8 @@ class Engine(Closing):
         self, seq_id: int, action: str, tenant: str | None = None, timeout_s: float = 60.0
     ) -> dict[str, object]:
         """Save, restore or erase one free slot by hand (the admin API; see
-        ``state_cache.slot_states.slot_action``); EngineError / BusyError say why not."""
-        from homelab.engine.state_cache.slot_states import slot_action
+        ``prompt_cache.slot_states.slot_action``); EngineError / BusyError say why not."""
+        from homelab.engine.prompt_cache.slot_states import slot_action
 
         slots, states = self._slots, self.prompt_states
         call = self.run_on_engine_thread(lambda: slot_action(slots, states, seq_id, action, tenant))

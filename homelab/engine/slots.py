@@ -24,7 +24,7 @@ only over such a run and splits it at every gap (four generating sequences in sl
 again). Among equals, the rules above: the cache that loses least, an empty slot, the least
 recently used.
 
-With a prompt cache (``homelab.engine.state_cache``) the table has a :class:`StateKeeper`:
+With a prompt cache (``homelab.engine.prompt_cache``) the table has a :class:`StateKeeper`:
 a slot about to be cleared or cut short is saved first, and a placed request gets the
 tenant's longest saved prefix restored when that beats what the slot already holds.
 """

@@ -28,7 +28,7 @@ from homelab.planner.embeddings import embedding_memory, reserve_embeddings
 
 if TYPE_CHECKING:
     from homelab.engine.engine import Engine
-    from homelab.engine.state_cache.store import PromptCache
+    from homelab.engine.prompt_cache.store import PromptCache
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
 

@@ -26,7 +26,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from homelab.engine.state_cache.store import PromptCache
+from homelab.engine.prompt_cache.store import PromptCache
 from homelab.errors import HomelabError
 from homelab.server import (
     anthropic,

@@ -20,7 +20,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI
 
-from homelab.engine.state_cache.store import PromptCache
+from homelab.engine.prompt_cache.store import PromptCache
 from homelab.server.engine_seam import EngineLike
 from homelab.server.fleet import Fleet
 from homelab.server.middleware import GENERATION_PATHS, RequestRecord

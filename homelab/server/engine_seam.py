@@ -36,7 +36,7 @@ class HandleLike(Protocol):
 
 
 class TemplateLike(Protocol):
-    """A model's chat template (``homelab.engine.chat.ChatTemplate``)."""
+    """A model's chat template (``homelab.engine.chat_template.ChatTemplate``)."""
 
     source: str  # the Jinja text: what reasoning style and tool syntax the model uses
 

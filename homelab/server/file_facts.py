@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.errors import HomelabError
 from homelab.gguf.reader import read_model
 from homelab.models.mmproj import find_mmproj

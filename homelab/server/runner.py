@@ -13,7 +13,7 @@ from dataclasses import replace
 import uvicorn
 from fastapi import FastAPI
 
-from homelab.engine.state_cache.store import PromptCache
+from homelab.engine.prompt_cache.store import PromptCache
 from homelab.errors import EngineError
 from homelab.server.app import EngineProvider, RequestSubscriber, create_app, server_state
 from homelab.server.config import ServerConfig

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 import anyio
 from fastapi import FastAPI, Request
 
-from homelab.engine.state_cache.slot_states import SLOT_ACTIONS
-from homelab.engine.state_cache.store import PromptCache
+from homelab.engine.prompt_cache.slot_states import SLOT_ACTIONS
+from homelab.engine.prompt_cache.store import PromptCache
 from homelab.errors import BusyError, EngineError
 from homelab.server.errors import ApiError, invalid_request, json_body_name
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from homelab.engine.api import TokenEvent
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.server.pieces import ContentDelta, ReasoningDelta, ToolCall
 from homelab.server.prompting import chat_inputs
 from homelab.server.protocol import ChatCompletionRequest

@@ -42,7 +42,7 @@ from homelab.server.errors import ApiError, service_unavailable
 from homelab.server.fleet import LEASES_KEY
 
 if TYPE_CHECKING:
-    from homelab.engine.state_cache.store import PromptCache
+    from homelab.engine.prompt_cache.store import PromptCache
     from homelab.hardware.gpu import GpuSnapshot
     from homelab.planner.budget import Hardware
 

@@ -11,8 +11,8 @@ import pytest
 
 from homelab.cli import main
 from homelab.cli.prompt_cache import cache_folder
-from homelab.engine.state_cache.key import ModelKey
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.gguf.identity import model_identity
 
 LAYOUT = "k=f16 v=f16 fa=0 cells=512 streams=1 swa_full=0"

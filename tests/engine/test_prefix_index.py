@@ -1,6 +1,6 @@
 """The prompt cache's prefix index answers as a comparison with every state would.
 
-The index (``state_cache/prefix_index.py``) files states under the hashes of their first 16,
+The index (``prompt_cache/prefix_index.py``) files states under the hashes of their first 16,
 64, 256, 512, … tokens and compares only the states in one bucket. Here every answer is checked
 against the plain scan it replaces, on histories shaped like real ones: states that branch off
 one another at every length around the levels (a shared system prompt, turns of one chat, new
@@ -15,9 +15,9 @@ import random
 import numpy as np
 import pytest
 
-from homelab.engine.state_cache.entry import StateEntry, as_tokens, best_candidate, starts_with
-from homelab.engine.state_cache.key import ModelKey
-from homelab.engine.state_cache.prefix_index import PrefixIndex, level_tokens
+from homelab.engine.prompt_cache.entry import StateEntry, as_tokens, best_candidate, starts_with
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.prefix_index import PrefixIndex, level_tokens
 
 MODEL = ModelKey("model", "layout")
 BRANCH_POINTS = (0, 1, 15, 16, 17, 63, 64, 65, 255, 256, 257, 300, 511, 512, 513, 1024, 1100)
@@ -96,7 +96,7 @@ def test_a_lookup_compares_only_the_states_that_share_the_deepest_prefix(
 ) -> None:
     """500 chats under one 300-token system prompt: the next turn of one of them is compared
     with that chat's states alone, not with all 500 (the scan this index replaces)."""
-    from homelab.engine.state_cache import prefix_index
+    from homelab.engine.prompt_cache import prefix_index
 
     compared: list[int] = []
 

@@ -13,8 +13,8 @@ from engine_helpers import tiny_settings
 
 from homelab.engine.api import GenerationRequest, RequestStats, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.engine.state_cache.key import ModelKey
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.units import MIB
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -139,7 +139,7 @@ def test_a_corrupt_file_is_dropped_and_the_prompt_prefilled(
     data = bytearray(state_file.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the K/V data
     state_file.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="homelab.engine.state_cache"):
+    with caplog.at_level(logging.WARNING, logger="homelab.engine.prompt_cache"):
         tokens, stats = run(open_engine(cache_at(tmp_path)), "alice", LONG)
     assert stats.cached_tokens == 0 and tokens == cold_tokens
     assert "checksum" in caplog.text and not state_file.exists()
@@ -159,7 +159,7 @@ def test_a_data_folder_that_cannot_be_written_turns_the_disk_tier_off(
     run(engine, "bob", OTHER)
     tokens, stats = run(engine, "alice", LONG)
     assert stats.cached_tokens == stats.prompt_tokens - 1 and tokens == cold_tokens
-    with caplog.at_level(logging.WARNING, logger="homelab.engine.state_cache"):
+    with caplog.at_level(logging.WARNING, logger="homelab.engine.prompt_cache"):
         cache.flush()  # what a stopping server does: the write fails
         assert "disk tier is off" in caplog.text
         small = PromptCache(CacheConfig(MIB // 2, 256 * MIB, blocker / "prompt-cache", 32))
@@ -295,7 +295,7 @@ def test_a_state_llama_cpp_refuses_is_dropped_and_the_prompt_prefilled(
     run(engine, "bob", OTHER)
     cache.clear(tenant="alice")
     cache.put(engine_key(engine), "alice", engine.tokenize(LONG), bytearray(b"\x01" * 4096))
-    with caplog.at_level(logging.WARNING, logger="homelab.engine.state_cache"):
+    with caplog.at_level(logging.WARNING, logger="homelab.engine.prompt_cache"):
         tokens, stats = run(engine, "alice", LONG)
     assert stats.cached_tokens == 0 and tokens == cold_tokens
     assert "refused" in caplog.text and cache.lookup(engine_key(engine), "alice", [1, 2]) is None

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from homelab.engine.state_cache import disk
-from homelab.engine.state_cache.key import ModelKey, short_digest
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache import disk
+from homelab.engine.prompt_cache.key import ModelKey, short_digest
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 
 MODEL = ModelKey("model-a", "k=f16 v=f16 fa=0 cells=512 streams=1 swa_full=0")
 OTHER_MODEL = ModelKey("model-b", MODEL.layout)

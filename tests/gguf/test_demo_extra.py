@@ -14,7 +14,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.errors import HomelabError
 from homelab.gguf import demo_extra, vocab
 from homelab.gguf.demo import demo_model_path, demo_ref_path, parse_demo_ref

@@ -29,7 +29,7 @@ from homelab.engine.api import (
     RequestStats,
     TokenEvent,
 )
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.engine.prompt_bound import tokenize_within
 from homelab.errors import ContextLengthError, EngineError
 from homelab.gguf.model import ModelInfo

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from template_corpus import templates_dir
 
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.engine.engine import Engine
 from homelab.server.auth import KeyRing, Tenant, TenantLimits
 from homelab.server.config import ServerConfig

@@ -13,7 +13,7 @@ import pytest
 
 from homelab.cli import build_parser
 from homelab.cli.serve import build_fleet
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.planner.budget import resolve_hardware
 from homelab.server.config import ServerConfig
 from homelab.server.runner import start_server

@@ -15,7 +15,7 @@ from server_helpers import ADMIN_KEY, ALICE_KEY, BOB_KEY, MODEL_ID, make_keys
 
 from homelab.cli.ps import format_prompt_cache
 from homelab.engine.engine import Engine
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.server.auth import KeyRing, Tenant, TenantLimiter
 from homelab.server.config import ServerConfig
 from homelab.server.middleware import TenantGate

@@ -17,7 +17,7 @@ from fake_engine import FakeEngine, FakeHandle
 from server_helpers import ALICE_KEY, MODEL_ID, N_CTX_PER_SLOT, make_keys
 
 from homelab.engine.api import FinishEvent, GenerationRequest, TokenEvent
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.gguf.reader import read_model
 from homelab.server.app import create_app
 from homelab.server.config import ServerConfig

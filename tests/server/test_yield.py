@@ -19,7 +19,7 @@ from yield_double import GIB, SharedGpu, shared_double
 
 from homelab.cli import build_parser
 from homelab.cli.serve import build_fleet
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.server.config import ServerConfig
 from homelab.server.fleet import Fleet
 from homelab.server.runner import ServerHandle, start_server

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from yield_double import GIB, shared_double, start_named_process
 
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.models.launch import load_plan, plan_file
 from homelab.models.ref import resolve
 from homelab.planner.budget import Hardware, resolve_hardware

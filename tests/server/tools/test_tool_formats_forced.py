@@ -16,7 +16,7 @@ import pytest
 from server_helpers import ALICE_KEY, MODEL_ID, make_keys
 from tool_format_cases import template
 
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.engine.engine import Engine
 from homelab.server.config import ServerConfig
 from homelab.server.runner import ServerHandle, start_server

@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from homelab.engine.slots import Slot, SlotTable
-from homelab.engine.state_cache.entry import Candidate
-from homelab.engine.state_cache.key import ModelKey
-from homelab.engine.state_cache.store import PromptCache
+from homelab.engine.prompt_cache.entry import Candidate
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.store import PromptCache
 from homelab.errors import BusyError, EngineError
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.state import (
@@ -32,7 +32,7 @@ from homelab.llamacpp.state import (
     save_sequence,
 )
 
-log = logging.getLogger("homelab.engine.state_cache")
+log = logging.getLogger("homelab.engine.prompt_cache")
 
 FIRST_GUESS_BYTES_S = {"ram": 4e9, "disk": 1e9}  # until a restore from that tier is measured
 SMOOTHING = 0.5  # weight of the newest measurement

@@ -23,8 +23,8 @@ from typing import Protocol
 
 import numpy as np
 
-from homelab.engine.state_cache.entry import TOKEN_DTYPE, StateEntry, as_tokens
-from homelab.engine.state_cache.key import ModelKey, short_digest, tokens_digest
+from homelab.engine.prompt_cache.entry import TOKEN_DTYPE, StateEntry, as_tokens
+from homelab.engine.prompt_cache.key import ModelKey, short_digest, tokens_digest
 
 MAGIC = b"HLPC"
 VERSION = 1

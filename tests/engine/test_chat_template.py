@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from homelab.engine.chat import ChatTemplate
+from homelab.engine.chat_template import ChatTemplate
 from homelab.errors import EngineError
 from homelab.gguf.vocab import CHAT_TEMPLATE
 

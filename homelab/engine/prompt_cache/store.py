@@ -25,13 +25,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from homelab.engine.state_cache import disk
-from homelab.engine.state_cache.entry import Candidate, StateEntry, as_tokens
-from homelab.engine.state_cache.key import ModelKey
-from homelab.engine.state_cache.prefix_index import PrefixIndex
+from homelab.engine.prompt_cache import disk
+from homelab.engine.prompt_cache.entry import Candidate, StateEntry, as_tokens
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.prefix_index import PrefixIndex
 from homelab.llamacpp.state import StateBytes
 
-log = logging.getLogger("homelab.engine.state_cache")
+log = logging.getLogger("homelab.engine.prompt_cache")
 
 DEFAULT_MIN_TOKENS = 256  # shorter prefixes are prefilled quickly enough: not worth a state
 _STOP = object()

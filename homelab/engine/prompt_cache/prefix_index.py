@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from homelab.engine.state_cache.entry import Candidate, StateEntry, best_candidate, starts_with
+from homelab.engine.prompt_cache.entry import Candidate, StateEntry, best_candidate, starts_with
 
 BLOCK_TOKENS = 256
 FIRST_LEVELS = (16, 64)  # finer below the first block (short prompts, small min_tokens)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from homelab.engine.state_cache.key import ModelKey
+from homelab.engine.prompt_cache.key import ModelKey
 
 TOKEN_DTYPE = np.dtype("<i4")  # 4 bytes a token (Python ints in a tuple: ~36)
 
