@@ -17,7 +17,7 @@ from engine_helpers import tiny_settings
 
 from homelab.engine.api import GenerationRequest, SamplingParams
 from homelab.engine.engine import Engine
-from homelab.engine.state_cache.store import CacheConfig, PromptCache
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
 from homelab.units import MIB
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
