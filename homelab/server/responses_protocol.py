@@ -42,7 +42,7 @@ from homelab.server.image_parts import (
     image_context,
     image_from_url,
 )
-from homelab.server.protocol import INT64_MAX, MAX_TOOLS, ChatCompletionRequest, _Wire
+from homelab.server.protocol import INT64_MAX, MAX_TOOLS, ChatCompletionRequest, WireModel
 
 MAX_METADATA_ENTRIES = 16
 ENCRYPTED_PREFIX = "homelab-reasoning-v1:"
@@ -77,7 +77,7 @@ STATELESS = (
 )
 
 
-class FunctionTool(_Wire):
+class FunctionTool(WireModel):
     type: Literal["function"]
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
@@ -93,7 +93,7 @@ def _hosted(tool: Any) -> bool:
     )
 
 
-class TextFormat(_Wire):
+class TextFormat(WireModel):
     type: Literal["text", "json_object", "json_schema"]
     name: str = Field(default="response", max_length=64)
     description: str | None = None
@@ -107,15 +107,15 @@ class TextFormat(_Wire):
         return self
 
 
-class TextConfig(_Wire):
+class TextConfig(WireModel):
     format: TextFormat | None = None
 
 
-class ReasoningConfig(_Wire):
+class ReasoningConfig(WireModel):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 
-class ResponsesRequest(_Wire):
+class ResponsesRequest(WireModel):
     """The fields of ``POST /v1/responses`` this server reads (others are ignored)."""
 
     model: str

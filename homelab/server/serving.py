@@ -40,7 +40,7 @@ from homelab.server.errors import (
     prompt_too_long,
 )
 from homelab.server.metrics import ServerMetrics
-from homelab.server.protocol import _SamplingRequest
+from homelab.server.protocol import SamplingRequest
 from homelab.server.streaming import run_while_connected
 
 log = logging.getLogger("homelab.server")
@@ -191,7 +191,7 @@ class SamplingKnobs:
     min_tokens: int = 0  # end-of-text is not sampled before this many tokens
 
     @classmethod
-    def of(cls, req: _SamplingRequest, logprobs: int | None = None) -> SamplingKnobs:
+    def of(cls, req: SamplingRequest, logprobs: int | None = None) -> SamplingKnobs:
         """Chat and text completions' knobs (``logprobs`` as each of them spells it)."""
         return cls(
             temperature=req.temperature,
