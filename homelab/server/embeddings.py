@@ -26,7 +26,7 @@ from homelab.engine.api import RequestStats
 from homelab.errors import ContextLengthError
 from homelab.server.engine_seam import EmbedderLike
 from homelab.server.errors import ApiError, invalid_request
-from homelab.server.protocol import INT64_MAX, is_token_id, WireModel
+from homelab.server.protocol import INT64_MAX, WireModel, is_token_id
 from homelab.server.serving import RequestContext, check_model_name, check_token_ids
 
 log = logging.getLogger("homelab.server")

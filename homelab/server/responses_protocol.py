@@ -206,10 +206,6 @@ class ResponsesRequest(WireModel):
     def function_tools(self) -> list[FunctionTool]:
         return list(self.tools or [])
 
-    def format_type(self) -> str:
-        fmt = self.text.format if self.text else None
-        return fmt.type if fmt else "text"
-
 
 # --- translation to chat --------------------------------------------------------------------
 
