@@ -126,7 +126,7 @@ def embedder_of(ctx: RequestContext, model: str) -> EmbedderLike:
             param="model",
             code="embeddings_unavailable",
         )
-    return embedder  # type: ignore[no-any-return]
+    return embedder
 
 
 async def _tokenized(
