@@ -179,8 +179,8 @@ def chat_tool(tool: FunctionTool) -> dict[str, Any]:
 def tool_choice(value: Any) -> str | None:
     """Responses' ``tool_choice`` in :class:`ChatInputs`' terms (``{"type": "function",
     "name": N}`` is ``"function:N"``)."""
-    if value is None or value in ("none", "auto", "required"):
-        return value  # type: ignore[no-any-return]
+    if value is None or (isinstance(value, str) and value in ("none", "auto", "required")):
+        return value
     if isinstance(value, dict) and value.get("type") == "function":
         name = value.get("name")
         if isinstance(name, str) and name:
