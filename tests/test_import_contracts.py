@@ -39,7 +39,7 @@ VIOLATIONS = [
     ),
     ("homelab/server/serving.py", "import homelab.server.prompting", "homelab.server layers"),
     (
-        "homelab/server/tools/calls.py",
+        "homelab/server/tools/stream.py",
         "import homelab.server.tools.grammar",
         "homelab.server.tools layers",
     ),

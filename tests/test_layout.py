@@ -26,7 +26,7 @@ def layout_block(readme: str) -> list[str]:
 
 
 def named_modules(lines: list[str]) -> set[str]:
-    """Module paths (``homelab/server/tools/calls.py``) the Layout names."""
+    """Module paths (``homelab/server/tools/stream.py``) the Layout names."""
     folders: list[tuple[int, str]] = []  # (indent, path) of the open folders
     named: set[str] = set()
     for line in lines:

@@ -377,12 +377,12 @@ def _announce_fleet(
 def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) -> ServerConfig:
     from homelab.locations import config_dir
     from homelab.server.config import (
-        DEFAULT_VOLATILE_PATTERNS,
         SERVE_FILE_NAME,
         ServerConfig,
         parse_alias,
         read_serve_file,
     )
+    from homelab.server.history import DEFAULT_VOLATILE_PATTERNS
 
     file = read_serve_file(args.config or config_dir() / SERVE_FILE_NAME)
     aliases = tuple(parse_alias(a) for a in args.alias) + file.aliases  # flags match first

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from homelab.errors import ModelFileError
 from homelab.gguf.header import RawHeader
-from homelab.gguf.reader import _file_type_label, read_header_file
+from homelab.gguf.reader import file_type_label, read_header_file
 
 CLIP_ARCH = "clip"
 # projector type -> (the tensor whose shape gives the output width, the dimension: ggml ne)
@@ -110,7 +110,7 @@ def projector_from_header(header: RawHeader, source: str) -> ProjectorInfo:
         ),
         n_embd_out=output_width(header, kind),
         weights_bytes=sum(t.n_bytes for t in header.tensors),
-        file_type=_file_type_label(meta.get("general.file_type")),
+        file_type=file_type_label(meta.get("general.file_type")),
         image_size_px=_int(meta, "clip.vision.image_size"),
         patch_size_px=patch,
         n_merge=merge,

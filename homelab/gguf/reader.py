@@ -196,7 +196,7 @@ class _ModelBuilder:
             source=self.source,
             architecture=self.arch,
             name=str(self.meta.get("general.name") or default_name),
-            file_type=_file_type_label(self.meta.get("general.file_type")),
+            file_type=file_type_label(self.meta.get("general.file_type")),
             file_bytes=file_bytes,
             n_files=n_files,
             n_params=sum(t.n_elements for t in tensors),
@@ -265,7 +265,7 @@ class _ModelBuilder:
         return (False,) * n_layer
 
 
-def _file_type_label(value: object) -> str:
+def file_type_label(value: object) -> str:
     if not isinstance(value, int):
         return "unknown"
     try:

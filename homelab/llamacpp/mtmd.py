@@ -51,7 +51,7 @@ _log_installed = threading.Lock()
 _log_done = False
 
 
-def _mtmd() -> ModuleType:
+def mtmd_bindings() -> ModuleType:
     """llama-cpp-python's libmtmd bindings, mtmd's log routed through homelab's."""
     global _log_done
     lib()  # llama.cpp first: backend init and the log callback
@@ -125,7 +125,7 @@ class Projector(Closing):
     """An mtmd context for one text model; free it with :meth:`close` before the model."""
 
     def __init__(self, pointer: Any, path: Path, n_embd: int, creation_log: str) -> None:
-        self._mtmd = _mtmd()
+        self._mtmd = mtmd_bindings()
         self.pointer: Any = pointer
         self.path = path
         self.n_embd = n_embd  # the text model's input width = the projector's output
@@ -146,8 +146,8 @@ class Projector(Closing):
         path = Path(path).expanduser()
         if not path.is_file():
             raise ModelFileError(path, "vision projector not found", hint="Check --mmproj.")
-        mtmd = _mtmd()
-        c_params = _c_params(mtmd, params)
+        mtmd = mtmd_bindings()
+        c_params = projector_c_params(mtmd, params)
         with capture_log() as lines:
             pointer = mtmd.mtmd_init_from_file(to_bytes(path), model.pointer, c_params)
         if not pointer:
@@ -276,7 +276,7 @@ class Projector(Closing):
             self.pointer = None
 
 
-def _c_params(mtmd: ModuleType, params: ProjectorParams) -> Any:
+def projector_c_params(mtmd: ModuleType, params: ProjectorParams) -> Any:
     c_params = mtmd.mtmd_context_params_default()
     c_params.use_gpu = params.use_gpu
     c_params.print_timings = False

@@ -22,7 +22,7 @@ from pathlib import Path
 from homelab.errors import ModelFileError
 from homelab.llamacpp._lib import to_bytes
 from homelab.llamacpp.log import capture_log, joined, problem_lines
-from homelab.llamacpp.mtmd import ProjectorParams, _c_params, _mtmd
+from homelab.llamacpp.mtmd import ProjectorParams, mtmd_bindings, projector_c_params
 
 _MODEL_SIZE = re.compile(r"model size:\s*([\d.]+) MiB")
 _COMPUTE = re.compile(r"(\S+) compute buffer size =\s*([\d.]+) MiB")
@@ -64,9 +64,9 @@ def probe_projector(path: str | Path, params: ProjectorParams) -> ProjectorProbe
     file = Path(path).expanduser()
     if not file.is_file():
         raise ModelFileError(file, "vision projector not found", hint="Check --mmproj.")
-    mtmd = _mtmd()
+    mtmd = mtmd_bindings()
     with capture_log() as lines:
-        pointer = mtmd.mtmd_init_from_file(to_bytes(file), None, _c_params(mtmd, params))
+        pointer = mtmd.mtmd_init_from_file(to_bytes(file), None, projector_c_params(mtmd, params))
     text = joined(lines)
     if not pointer:
         return ProjectorProbe(ok=False, error=problem_lines(text) or "mtmd refused the file")

@@ -26,7 +26,6 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -42,7 +41,7 @@ from homelab.server.image_parts import (
     image_from_base64,
     image_from_remote,
 )
-from homelab.server.protocol import INT64_MAX, MAX_TOOLS
+from homelab.server.protocol import INT64_MAX, MAX_TOOLS, WireModel
 
 MAX_TOKENS_CEILING = 1 << 20  # more is refused; up to this, the context left clamps it
 MAX_STOP_SEQUENCES = 16
@@ -51,19 +50,15 @@ MAX_TOOL_SCHEMA_DEPTH = 32  # JSON containers; real tool schemas nest a handful 
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_\-]{1,128}$"
 
 
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
 # --- content blocks --------------------------------------------------------------------------
 
 
-class TextBlock(_Wire):
+class TextBlock(WireModel):
     type: Literal["text"]
     text: str
 
 
-class ImageBlock(_Wire):
+class ImageBlock(WireModel):
     """An image; ``source`` (``base64`` with ``media_type``, or ``url``) becomes its pixels."""
 
     type: Literal["image"]
@@ -92,14 +87,14 @@ class ImageBlock(_Wire):
         return self.source  # type: ignore[no-any-return]
 
 
-class ToolUseBlock(_Wire):
+class ToolUseBlock(WireModel):
     type: Literal["tool_use"]
     id: str = Field(min_length=1, max_length=256)
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     input: dict[str, Any]
 
 
-class ToolResultBlock(_Wire):
+class ToolResultBlock(WireModel):
     type: Literal["tool_result"]
     tool_use_id: str = Field(min_length=1, max_length=256)
     content: Any = None
@@ -115,13 +110,13 @@ class ToolResultBlock(_Wire):
         return _joined_text(value)
 
 
-class ThinkingBlock(_Wire):
+class ThinkingBlock(WireModel):
     type: Literal["thinking"]
     thinking: str
     signature: str = ""
 
 
-class RedactedThinkingBlock(_Wire):
+class RedactedThinkingBlock(WireModel):
     type: Literal["redacted_thinking"]
     data: str = ""
 
@@ -129,7 +124,7 @@ class RedactedThinkingBlock(_Wire):
 Block = (
     TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
 )
-BLOCK_TYPES: dict[str, type[_Wire]] = {
+BLOCK_TYPES: dict[str, type[WireModel]] = {
     "text": TextBlock,
     "image": ImageBlock,
     "tool_use": ToolUseBlock,
@@ -172,7 +167,7 @@ def _joined_text(blocks: list[Any]) -> str:
     return "\n".join(block.text for block in parsed if isinstance(block, TextBlock))
 
 
-class MessageParam(_Wire):
+class MessageParam(WireModel):
     role: Literal["user", "assistant", "system"]
     content: Any
 
@@ -197,7 +192,7 @@ class MessageParam(_Wire):
 # --- tools, choices, thinking ---------------------------------------------------------------
 
 
-class ToolParam(_Wire):
+class ToolParam(WireModel):
     type: str | None = None
     name: str = Field(pattern=TOOL_NAME_PATTERN)
     description: str | None = None
@@ -230,7 +225,7 @@ class ToolParam(_Wire):
         return {"type": "function", "function": function}
 
 
-class ToolChoiceParam(_Wire):
+class ToolChoiceParam(WireModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -242,7 +237,7 @@ class ToolChoiceParam(_Wire):
         return self
 
 
-class ThinkingParam(_Wire):
+class ThinkingParam(WireModel):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(default=None, ge=1, le=INT64_MAX)  # accepted, not enforced
     display: Literal["summarized", "omitted"] | None = None
@@ -251,12 +246,12 @@ class ThinkingParam(_Wire):
         return {"enabled": True, "disabled": False}.get(self.type)
 
 
-class OutputFormatParam(_Wire):
+class OutputFormatParam(WireModel):
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfigParam(_Wire):
+class OutputConfigParam(WireModel):
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormatParam | None = None
 
@@ -272,7 +267,7 @@ class OutputConfigParam(_Wire):
 # --- requests --------------------------------------------------------------------------------
 
 
-class Conversation(_Wire):
+class Conversation(WireModel):
     """What ``/v1/messages`` and ``/v1/messages/count_tokens`` share."""
 
     model: str

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: the wire request mapped into the one chat preparation
-(:mod:`homelab.server.prompting`), the parsed reply shaped as a ``chat.completion`` or
-streamed as ``chat.completion.chunk`` events."""
+(:func:`chat_inputs`, then :mod:`homelab.server.prompting`), the parsed reply shaped as a
+``chat.completion`` or streamed as ``chat.completion.chunk`` events."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from homelab.server.pieces import (
     ToolCallArgs,
     ToolCallStart,
 )
-from homelab.server.prompting import chat_inputs, prepare_chat
-from homelab.server.protocol import ChatCompletionRequest
+from homelab.server.prompting import ChatInputs, prepare_chat
+from homelab.server.protocol import ChatCompletionRequest, ChatMessage
 from homelab.server.replies import ParsedChoice, ReplyFormat
 from homelab.server.serving import (
     ChoiceState,
@@ -72,6 +72,41 @@ async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Re
             "usage": chat_usage(states, prepared.reply),
         },
     )
+
+
+# --- the request as chat inputs --------------------------------------------------------------
+
+
+def chat_inputs(req: ChatCompletionRequest) -> ChatInputs:
+    """A Chat Completions request as :class:`ChatInputs`."""
+    fmt = req.response_format
+    return ChatInputs(
+        messages=[template_message(m) for m in req.messages],
+        tools=[tool.model_dump(exclude_none=True) for tool in req.tools] if req.tools else None,
+        tool_choice=req.tool_choice,
+        answer_format=fmt.type if fmt is not None else "text",
+        answer_schema=fmt.json_schema.schema_ if fmt is not None and fmt.json_schema else None,
+        template_kwargs=req.chat_template_kwargs,
+        reasoning_effort=req.reasoning_effort,
+        reasoning_format=req.reasoning_format,
+    )
+
+
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    rendered: dict[str, Any] = {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": message.template_content(),  # text, or text and image parts
+    }
+    if message.tool_calls:
+        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    reasoning = message.reasoning_content or message.reasoning
+    if reasoning and message.role == "assistant":  # rendered back: the slot holds it
+        rendered["reasoning_content"] = reasoning
+    if message.name is not None:
+        rendered["name"] = message.name
+    return rendered
 
 
 # --- response shapes ------------------------------------------------------------------------

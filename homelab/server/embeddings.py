@@ -26,7 +26,7 @@ from homelab.engine.api import RequestStats
 from homelab.errors import ContextLengthError
 from homelab.server.engine_seam import EmbedderLike
 from homelab.server.errors import ApiError, invalid_request
-from homelab.server.protocol import INT64_MAX, _is_token_id, _Wire
+from homelab.server.protocol import INT64_MAX, WireModel, is_token_id
 from homelab.server.serving import RequestContext, check_model_name, check_token_ids
 
 log = logging.getLogger("homelab.server")
@@ -51,7 +51,7 @@ InputJson = WithJsonSchema(
 )
 
 
-class EmbeddingRequest(_Wire):
+class EmbeddingRequest(WireModel):
     model: str
     input: Annotated[Any, InputJson]
     encoding_format: Literal["float", "base64"] = "float"
@@ -72,7 +72,7 @@ class EmbeddingRequest(_Wire):
                 "input must be a non-empty string, a list of strings, a list of token ids "
                 "or a list of lists of token ids"
             )
-        if all(_is_token_id(t) for t in value):
+        if all(is_token_id(t) for t in value):
             return [tuple(value)]
         if len(value) > MAX_INPUTS:
             raise ValueError(f"at most {MAX_INPUTS} inputs are allowed, got {len(value)}")
@@ -81,7 +81,7 @@ class EmbeddingRequest(_Wire):
                 raise ValueError("input strings must not be empty")
             return list(value)
         if all(
-            isinstance(item, list) and item and all(_is_token_id(t) for t in item) for item in value
+            isinstance(item, list) and item and all(is_token_id(t) for t in item) for item in value
         ):
             return [tuple(item) for item in value]
         raise ValueError("input items must all be strings, or all be non-empty lists of token ids")
@@ -144,7 +144,7 @@ def embedder_of(ctx: RequestContext, model: str) -> EmbedderLike:
             param="model",
             code="embeddings_unavailable",
         )
-    return embedder  # type: ignore[no-any-return]
+    return embedder
 
 
 async def _tokenized(

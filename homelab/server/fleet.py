@@ -121,6 +121,11 @@ class FleetModel:
     def busy(self) -> bool:
         return self.in_flight > 0 or self.waiting > 0
 
+    @property
+    def loaded(self) -> bool:
+        """Read afresh each time: another task loads or evicts the model between awaits."""
+        return self.status == "loaded"
+
     def device_bytes(self) -> dict[str, int]:
         """What this resident takes on each device: planned, or more when llama.cpp took more."""
         planned = {d.name: d.total_bytes for d in self.plan.memory.devices} if self.plan else {}
@@ -215,7 +220,7 @@ class Fleet:
                 )
             model.waiting += 1
             try:
-                while model.status != "loaded":  # loaded, it may be evicted before we resume
+                while not model.loaded:  # loaded, it may be evicted before we resume
                     if model.loading is None:
                         model.loading = asyncio.ensure_future(self._load(model))
                     await asyncio.shield(model.loading)

@@ -1,9 +1,10 @@
 """One chat preparation for every chat-style dialect.
 
 Chat Completions, the Responses API and Anthropic's Messages API each map their wire request
-into :class:`ChatInputs` (messages in the template's shape, tools, tool choice, answer format,
-thinking switches, a prefill) and :class:`~homelab.server.serving.SamplingKnobs`, and call
-:func:`prepare_chat`, which runs the one chain::
+(each in its own module's ``chat_inputs``) into :class:`ChatInputs` (messages in the
+template's shape, tools, tool choice, answer format, thinking switches, a prefill) and
+:class:`~homelab.server.serving.SamplingKnobs`, and call :func:`prepare_chat`, which runs
+the one chain::
 
     template present? -> tools offered? -> grammar (forced call / JSON answer)
     -> thinking switches -> render (bounded, off the loop when long) -> tokenize (bounded)
@@ -44,7 +45,6 @@ from homelab.server.history import (
     with_object_arguments,
     with_thinking_field,
 )
-from homelab.server.protocol import ChatCompletionRequest, ChatMessage
 from homelab.server.reasoning import THINK_CLOSE, THINK_OPEN, after_thought, thinking_switches
 from homelab.server.replies import ReplyFormat, split_format
 from homelab.server.serving import (
@@ -324,38 +324,3 @@ def refuse_user_text_beyond_context(engine: EngineLike, messages: Sequence[dict[
             f"more than the {limit} that fit"
         )
         raise prompt_too_long(engine.n_ctx_per_slot, detail)
-
-
-# --- Chat Completions' messages (also what a Responses request becomes) ---------------------
-
-
-def chat_inputs(req: ChatCompletionRequest) -> ChatInputs:
-    """A Chat Completions request as :class:`ChatInputs`."""
-    fmt = req.response_format
-    return ChatInputs(
-        messages=[template_message(m) for m in req.messages],
-        tools=[tool.model_dump(exclude_none=True) for tool in req.tools] if req.tools else None,
-        tool_choice=req.tool_choice,
-        answer_format=fmt.type if fmt is not None else "text",
-        answer_schema=fmt.json_schema.schema_ if fmt is not None and fmt.json_schema else None,
-        template_kwargs=req.chat_template_kwargs,
-        reasoning_effort=req.reasoning_effort,
-        reasoning_format=req.reasoning_format,
-    )
-
-
-def template_message(message: ChatMessage) -> dict[str, Any]:
-    rendered: dict[str, Any] = {
-        "role": "system" if message.role == "developer" else message.role,
-        "content": message.template_content(),  # text, or text and image parts
-    }
-    if message.tool_calls:
-        rendered["tool_calls"] = [call.model_dump() for call in message.tool_calls]
-    if message.tool_call_id is not None:
-        rendered["tool_call_id"] = message.tool_call_id
-    reasoning = message.reasoning_content or message.reasoning
-    if reasoning and message.role == "assistant":  # rendered back: the slot holds it
-        rendered["reasoning_content"] = reasoning
-    if message.name is not None:
-        rendered["name"] = message.name
-    return rendered

@@ -53,24 +53,27 @@ IGNORED_LLAMACPP_FIELDS = (
 )
 
 
-class _Wire(BaseModel):
+class WireModel(BaseModel):
+    """The base of every request wire type, in every dialect: strict types, no NaN, unknown
+    fields ignored (clients written for other servers keep working)."""
+
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 # --- request parts -------------------------------------------------------------------------
 
 
-class TextPart(_Wire):
+class TextPart(WireModel):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(_Wire):
+class FunctionCall(WireModel):
     name: str
     arguments: str = "{}"
 
 
-class ToolCall(_Wire):
+class ToolCall(WireModel):
     id: str = ""
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -102,7 +105,7 @@ ContentJson = WithJsonSchema(
 )
 
 
-class ChatMessage(_Wire):
+class ChatMessage(WireModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[Any, ContentJson] = None
     name: str | None = None
@@ -171,30 +174,30 @@ def _image_url(part: dict[str, Any]) -> str:
     return url
 
 
-class FunctionDefinition(_Wire):
+class FunctionDefinition(WireModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolDefinition(_Wire):
+class ToolDefinition(WireModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class StreamOptions(_Wire):
+class StreamOptions(WireModel):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Wire):
+class JsonSchemaFormat(WireModel):
     name: str = Field(default="response", max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Wire):
+class ResponseFormat(WireModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
@@ -253,7 +256,7 @@ PromptJson = WithJsonSchema(
 # --- requests ------------------------------------------------------------------------------
 
 
-class _SamplingRequest(_Wire):
+class SamplingRequest(WireModel):
     """Fields shared by chat and text completions, in OpenAI's order."""
 
     model: str
@@ -320,7 +323,7 @@ class _SamplingRequest(_Wire):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -374,7 +377,7 @@ class ChatCompletionRequest(_SamplingRequest):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: Annotated[Any, PromptJson]
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -390,9 +393,9 @@ class CompletionRequest(_SamplingRequest):
         if isinstance(value, list) and value:
             if all(isinstance(p, str) for p in value):
                 return list(value)
-            if all(_is_token_id(t) for t in value):
+            if all(is_token_id(t) for t in value):
                 return [tuple(value)]
-            if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in value):
+            if all(isinstance(p, list) and p and all(is_token_id(t) for t in p) for p in value):
                 return [tuple(p) for p in value]
         raise ValueError(
             "prompt must be a string, a list of strings, a list of token ids "
@@ -454,7 +457,7 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | bool | int | float)
 
 
-def _is_token_id(value: Any) -> bool:
+def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

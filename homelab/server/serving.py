@@ -1,10 +1,14 @@
-"""What chat and text completions share: checks that need the engine, sampling parameters,
-submitting choices, and reading their events back (merged, cancellable).
+"""What every generating route (chat, completions, Anthropic's messages, responses) shares
+below its dialect: the :class:`RequestContext` of one request, checks that need the loaded
+model (model name, choices, token ids, logit bias, context room and ``max_tokens``),
+:class:`SamplingKnobs` -> :class:`~homelab.engine.api.SamplingParams`, tokenizing off the
+event loop, submitting choices as :class:`~homelab.engine.api.GenerationRequest` items for
+the key's tenant, reading their events back (merged, cancellable), usage, ids, and the
+request's record in the metrics.
 
-The routes parse and validate the wire request (:mod:`homelab.server.protocol`); the
-functions here check what only the loaded model can tell (vocabulary, context, template),
-turn the request into :class:`~homelab.engine.api.GenerationRequest` items for the tenant
-the key belongs to, and collect or stream what comes back.
+The routes parse and validate the wire request (``*_protocol.py``) and map it themselves;
+the only wire shape read here is the sampling fields OpenAI's chat and text completions share
+(:meth:`SamplingKnobs.of`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from homelab.server.errors import (
     prompt_too_long,
 )
 from homelab.server.metrics import ServerMetrics
-from homelab.server.protocol import _SamplingRequest
+from homelab.server.protocol import SamplingRequest
 from homelab.server.streaming import run_while_connected
 
 log = logging.getLogger("homelab.server")
@@ -191,7 +195,7 @@ class SamplingKnobs:
     min_tokens: int = 0  # end-of-text is not sampled before this many tokens
 
     @classmethod
-    def of(cls, req: _SamplingRequest, logprobs: int | None = None) -> SamplingKnobs:
+    def of(cls, req: SamplingRequest, logprobs: int | None = None) -> SamplingKnobs:
         """Chat and text completions' knobs (``logprobs`` as each of them spells it)."""
         return cls(
             temperature=req.temperature,

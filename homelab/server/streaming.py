@@ -35,7 +35,7 @@ MAX_RECEIVE_PAUSE_S = 0.5
 # builds a new one per call: ~0.7 µs of the event loop's time per streamed token)
 _COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 # one string as that encoder writes it (ensure_ascii=False: UTF-8 kept, quotes and controls escaped)
-_json_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_json_string: Callable[[str], str] = json.encoder.encode_basestring
 
 
 def sse_event(payload: Mapping[str, Any], name: str | None = None) -> bytes:

@@ -12,8 +12,8 @@ from typing import Any
 
 from homelab.engine.api import TokenEvent
 from homelab.engine.chat_template import ChatTemplate
+from homelab.server.chat import chat_inputs
 from homelab.server.pieces import ContentDelta, ReasoningDelta, ToolCall
-from homelab.server.prompting import chat_inputs
 from homelab.server.protocol import ChatCompletionRequest
 from homelab.server.reasoning import detect_reasoning, thinking_switches
 from homelab.server.replies import ReplyStream

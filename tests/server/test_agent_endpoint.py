@@ -18,7 +18,8 @@ from homelab.errors import ConfigError
 from homelab.server.config import ServerConfig, parse_alias, read_serve_file
 from homelab.server.history import stable_messages
 from homelab.server.response_store import ResponseStore
-from homelab.server.responses_protocol import decoded_reasoning, encoded_reasoning, messages
+from homelab.server.responses import messages
+from homelab.server.responses_protocol import decoded_reasoning, encoded_reasoning
 from homelab.server.runner import ServerHandle, start_server
 
 SYSTEM = "You are a careful coding agent. Read the files before you change them. " * 3

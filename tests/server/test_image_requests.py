@@ -31,10 +31,11 @@ from server_helpers import ALICE_KEY, MODEL_ID, alice_headers, assert_still_serv
 from homelab.images.decoded import DecodedImage
 from homelab.server.anthropic import chat_inputs as anthropic_inputs
 from homelab.server.anthropic_protocol import MessagesRequest
+from homelab.server.chat import chat_inputs
 from homelab.server.image_parts import ImagePolicy, image_context
-from homelab.server.prompting import chat_inputs
 from homelab.server.protocol import ChatCompletionRequest
-from homelab.server.responses_protocol import ResponsesRequest, chat_request
+from homelab.server.responses import chat_inputs as responses_inputs
+from homelab.server.responses_protocol import ResponsesRequest
 from homelab.server.runner import ServerHandle
 
 
@@ -212,8 +213,7 @@ def test_each_dialect_gives_the_common_form() -> None:
     responses = ResponsesRequest.model_validate(
         responses_body(*urls), context=image_context(ImagePolicy())
     )
-    responses_inputs = chat_inputs(chat_request(responses))
-    for inputs in (chat, anthropic, responses_inputs):
+    for inputs in (chat, anthropic, responses_inputs(responses)):
         images = _images_of(inputs.messages)
         assert [(i.width_px, i.height_px) for i in images] == [(8, 6), (8, 6)]
         assert images[0].digest == images[1].digest  # same pixels, other file format

@@ -19,6 +19,7 @@ from homelab.server.protocol import (
     CompletionRequest,
 )
 from homelab.server.tools import ContentDelta, ToolCallStream, forced_call_grammar, split_tool_calls
+from homelab.server.tools.detect import HERMES, LLAMA3
 
 
 def chat(**fields: object) -> ChatCompletionRequest:
@@ -151,12 +152,12 @@ def test_forced_call_grammar_wraps_the_schema() -> None:
             },
         }
     ]
-    grammar = forced_call_grammar(tools, None, True)
+    grammar = forced_call_grammar(tools, None, HERMES)
     assert (
         grammar.startswith('root ::= ( "<tool_call>\\n{\\"name\\": \\"f\\"')
         and "t0-root ::=" in grammar
     )
-    assert forced_call_grammar(tools, "f", False).startswith('root ::= ( "{\\"name\\": \\"f\\"')
+    assert forced_call_grammar(tools, "f", LLAMA3).startswith('root ::= ( "{\\"name\\": \\"f\\"')
 
 
 def test_metrics_show_speculation_only_for_an_engine_that_speculates() -> None:

@@ -22,23 +22,48 @@ _PARAM = "<parameter="
 
 
 def _qwen3_coder(name: str, section: str) -> TaggedArgs:
+    """Qwen3-Coder and its kin: <function=NAME><parameter=K>V</parameter></function>."""
     return TaggedArgs(
-        name, "<function=", (">",), _PARAM, (">",), "", "</parameter>", "</function>",
-        section=(f"<{section}>", f"</{section}>"), trim_newline=True,
-    )  # fmt: skip
+        name=name,
+        call_open="<function=",
+        name_ends=(">",),
+        key_open=_PARAM,
+        key_ends=(">",),
+        value_open="",
+        value_close="</parameter>",
+        call_close="</function>",
+        section=(f"<{section}>", f"</{section}>"),
+        trim_newline=True,
+    )
 
 
-def _glm(name: str, suffix: str = "") -> TaggedArgs:
-    key, value = f"<arg_key{suffix}>", f"<arg_value{suffix}>"
-    close = f"</tool_call{suffix}>"
-    if suffix:  # Hunyuan: <tool_calls:x><tool_call:x>NAME<tool_sep:x><arg_key:x>...
-        return TaggedArgs(
-            name, f"<tool_call{suffix}>", (f"<tool_sep{suffix}>",), key, (f"</arg_key{suffix}>",),
-            value, f"</arg_value{suffix}>", close,
-            section=(f"<tool_calls{suffix}>", f"</tool_calls{suffix}>"),
-        )  # fmt: skip
+def _glm(name: str) -> TaggedArgs:
+    """GLM 4.5+: <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>."""
     return TaggedArgs(
-        name, "<tool_call>", ("\n", key, close), key, ("</arg_key>",), value, "</arg_value>", close
+        name=name,
+        call_open="<tool_call>",
+        name_ends=("\n", "<arg_key>", "</tool_call>"),
+        key_open="<arg_key>",
+        key_ends=("</arg_key>",),
+        value_open="<arg_value>",
+        value_close="</arg_value>",
+        call_close="</tool_call>",
+    )
+
+
+def _hunyuan(name: str, suffix: str) -> TaggedArgs:
+    """Hunyuan: GLM's tags with a suffix, <tool_calls:x><tool_call:x>NAME<tool_sep:x>
+    <arg_key:x>K</arg_key:x><arg_value:x>V</arg_value:x></tool_call:x>."""
+    return TaggedArgs(
+        name=name,
+        call_open=f"<tool_call{suffix}>",
+        name_ends=(f"<tool_sep{suffix}>",),
+        key_open=f"<arg_key{suffix}>",
+        key_ends=(f"</arg_key{suffix}>",),
+        value_open=f"<arg_value{suffix}>",
+        value_close=f"</arg_value{suffix}>",
+        call_close=f"</tool_call{suffix}>",
+        section=(f"<tool_calls{suffix}>", f"</tool_calls{suffix}>"),
     )
 
 
@@ -47,104 +72,154 @@ def _invoke(name: str, prefix: str, section: str) -> TaggedArgs:
     dsml = prefix == "<｜DSML｜"
     ends = ('" string="true">', '" string="false">') if dsml else ('">',)
     return TaggedArgs(
-        name, f'{prefix}invoke name="', ('">',), f'{prefix}parameter name="', ends, "",
-        "</｜DSML｜parameter>" if dsml else "</parameter>",
-        "</｜DSML｜invoke>" if dsml else "</invoke>",
+        name=name,
+        call_open=f'{prefix}invoke name="',
+        name_ends=('">',),
+        key_open=f'{prefix}parameter name="',
+        key_ends=ends,
+        value_open="",
+        value_close="</｜DSML｜parameter>" if dsml else "</parameter>",
+        call_close="</｜DSML｜invoke>" if dsml else "</invoke>",
         section=(f"{prefix}{section}>", f"</{prefix.removeprefix('<')}{section}>"),
-        string_ends=ends[:1] if dsml else (), json_ends=ends[1:] if dsml else (),
-    )  # fmt: skip
+        string_ends=ends[:1] if dsml else (),
+        json_ends=ends[1:] if dsml else (),
+    )
 
 
 _LLAMA3_ARGS = ("parameters", "arguments")
-HERMES = JsonObjects("hermes", "<tool_call>", "</tool_call>")
+HERMES = JsonObjects(name="hermes", opener="<tool_call>", close="</tool_call>")
 LLAMA3 = Composite(
-    (
-        JsonObjects("llama3", "{", None, args_keys=_LLAMA3_ARGS, whole=True),
-        JsonObjects("llama3", "<|python_tag|>", None, args_keys=_LLAMA3_ARGS),
+    parts=(
+        JsonObjects(name="llama3", opener="{", close=None, args_keys=_LLAMA3_ARGS, whole=True),
+        JsonObjects(name="llama3", opener="<|python_tag|>", close=None, args_keys=_LLAMA3_ARGS),
     ),
     name="llama3",
 )
-GENERIC = Composite((HERMES, *LLAMA3.parts), name="generic")
-GPT_OSS = Composite((*LLAMA3.parts, HERMES), name="gpt-oss")  # forced calls: bare JSON
+GENERIC = Composite(parts=(HERMES, *LLAMA3.parts), name="generic")
+GPT_OSS = Composite(parts=(*LLAMA3.parts, HERMES), name="gpt-oss")  # forced calls: bare JSON
 
-# (format, the template text that identifies it: all of these strings); the first match wins,
-# so a marker that another family's marker contains comes after it.
-FAMILIES: tuple[tuple[ToolFormat, str | tuple[str, ...]], ...] = (
-    (_invoke("deepseek-v3.2", "<｜DSML｜", "function_calls"), ("｜DSML｜", "function_calls")),
-    (_invoke("deepseek-v4", "<｜DSML｜", "tool_calls"), "｜DSML｜"),
-    (_invoke("minimax-m2", "<", "minimax:tool_call"), "<minimax:tool_call>"),
-    (_qwen3_coder("seed-oss", "seed:tool_call"), "<seed:tool_call>"),
-    (_qwen3_coder("qwen3-coder", "tool_call"), _PARAM),
-    (_glm("hunyuan", ":opensource"), ("':opensource'", "<tool_call{}>")),
-    (_glm("glm"), "<arg_key>"),
-    (
-        TaggedArgs(
-            "minicpm",
-            '<function name="',
-            ('">',),
-            '<param name="',
-            ('">',),
-            "",
-            "</param>",
-            "</function>",
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the registry: the format a model family writes, and the text in its chat
+    template that identifies it (all of ``markers`` present)."""
+
+    format: ToolFormat
+    markers: tuple[str, ...]
+
+    def matches(self, template_source: str) -> bool:
+        return all(marker in template_source for marker in self.markers)
+
+
+# The first match wins, so a marker that another family's marker contains comes after it.
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        format=_invoke("deepseek-v3.2", "<｜DSML｜", "function_calls"),
+        markers=("｜DSML｜", "function_calls"),
+    ),
+    Family(format=_invoke("deepseek-v4", "<｜DSML｜", "tool_calls"), markers=("｜DSML｜",)),
+    Family(
+        format=_invoke("minimax-m2", "<", "minimax:tool_call"), markers=("<minimax:tool_call>",)
+    ),
+    Family(format=_qwen3_coder("seed-oss", "seed:tool_call"), markers=("<seed:tool_call>",)),
+    Family(format=_qwen3_coder("qwen3-coder", "tool_call"), markers=(_PARAM,)),
+    Family(format=_hunyuan("hunyuan", ":opensource"), markers=("':opensource'", "<tool_call{}>")),
+    Family(format=_glm("glm"), markers=("<arg_key>",)),
+    Family(
+        format=TaggedArgs(
+            name="minicpm",
+            call_open='<function name="',
+            name_ends=('">',),
+            key_open='<param name="',
+            key_ends=('">',),
+            value_open="",
+            value_close="</param>",
+            call_close="</function>",
             cdata=True,
         ),
-        '<param name="',
+        markers=('<param name="',),
     ),
-    (
-        NamedJson(
-            "kimi-k2",
-            "<|tool_call_begin|>",
-            "<|tool_call_argument_begin|>",
-            "<|tool_call_end|>",
+    Family(
+        format=NamedJson(
+            name="kimi-k2",
+            call_open="<|tool_call_begin|>",
+            name_end="<|tool_call_argument_begin|>",
+            close="<|tool_call_end|>",
             section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
             clean=kimi_name,
         ),
-        "<|tool_calls_section_begin|>",
+        markers=("<|tool_calls_section_begin|>",),
     ),
-    (
-        NamedJson(
-            "solar",
-            "<|tool_call:begin|>",
-            "<|tool_call:args|>",
-            "<|tool_call:end|>",
+    Family(
+        format=NamedJson(
+            name="solar",
+            call_open="<|tool_call:begin|>",
+            name_end="<|tool_call:args|>",
+            close="<|tool_call:end|>",
             section=("<|tool_calls|>", None),
             skip_to="<|tool_call:name|>",
         ),
-        "<|tool_call:begin|>",
+        markers=("<|tool_call:begin|>",),
     ),
-    (Mistral(), "[TOOL_CALLS]"),
-    (NamedJson("functionary-v3.1", "<function=", ">", "</function>"), "<function="),
-    (
-        JsonObjects(
-            "command-r",
-            "<|START_ACTION|>",
-            "<|END_ACTION|>",
-            ("tool_name",),
-            ("parameters",),
+    Family(format=Mistral(), markers=("[TOOL_CALLS]",)),
+    Family(
+        format=NamedJson(
+            name="functionary-v3.1", call_open="<function=", name_end=">", close="</function>"
+        ),
+        markers=("<function=",),
+    ),
+    Family(
+        format=JsonObjects(
+            name="command-r",
+            opener="<|START_ACTION|>",
+            close="<|END_ACTION|>",
+            name_keys=("tool_name",),
+            args_keys=("parameters",),
             array=True,
             id_key="tool_call_id",
         ),
-        "<|START_ACTION|>",
+        markers=("<|START_ACTION|>",),
     ),
-    (
-        JsonObjects(
-            "apertus", "<|tools_prefix|>", "<|tools_suffix|>", name_is_key=True, array=True
+    Family(
+        format=JsonObjects(
+            name="apertus",
+            opener="<|tools_prefix|>",
+            close="<|tools_suffix|>",
+            name_is_key=True,
+            array=True,
         ),
-        "<|tools_prefix|>",
+        markers=("<|tools_prefix|>",),
     ),
-    (JsonObjects("nemotron-v2", "<TOOLCALL>", "</TOOLCALL>", array=True), "<TOOLCALL>"),
-    (JsonObjects("apriel", "<tool_calls>", "</tool_calls>", array=True), "<tool_calls>"),
-    (JsonObjects("gigachat", "<|function_call|>", None), "<|function_call|>"),
-    (JsonObjects("granite", "<|tool_call|>", None, array=True), "<|tool_call|>"),
-    (PythonCalls("lfm2", "<|tool_call_start|>", "<|tool_call_end|>"), "<|tool_call_start|>"),
-    (GemmaCalls(), "<|tool_call>"),
-    (HERMES, "<tool_call>"),
-    (GPT_OSS, "<|channel|>"),  # the harmony splitter hands calls on as <tool_call> blocks
-    (LLAMA3, "<|python_tag|>"),
-    (LLAMA3, '{"name": function name, "parameters"'),
+    Family(
+        format=JsonObjects(
+            name="nemotron-v2", opener="<TOOLCALL>", close="</TOOLCALL>", array=True
+        ),
+        markers=("<TOOLCALL>",),
+    ),
+    Family(
+        format=JsonObjects(name="apriel", opener="<tool_calls>", close="</tool_calls>", array=True),
+        markers=("<tool_calls>",),
+    ),
+    Family(
+        format=JsonObjects(name="gigachat", opener="<|function_call|>", close=None),
+        markers=("<|function_call|>",),
+    ),
+    Family(
+        format=JsonObjects(name="granite", opener="<|tool_call|>", close=None, array=True),
+        markers=("<|tool_call|>",),
+    ),
+    Family(
+        format=PythonCalls(name="lfm2", opener="<|tool_call_start|>", close="<|tool_call_end|>"),
+        markers=("<|tool_call_start|>",),
+    ),
+    Family(format=GemmaCalls(), markers=("<|tool_call>",)),
+    Family(format=HERMES, markers=("<tool_call>",)),
+    # the harmony splitter hands calls on as <tool_call> blocks
+    Family(format=GPT_OSS, markers=("<|channel|>",)),
+    Family(format=LLAMA3, markers=("<|python_tag|>",)),
+    Family(format=LLAMA3, markers=('{"name": function name, "parameters"',)),
 )
-FORMATS: dict[str, ToolFormat] = {f.name: f for f, _ in FAMILIES} | {"generic": GENERIC}
+FORMATS: dict[str, ToolFormat] = {f.format.name: f.format for f in FAMILIES} | {"generic": GENERIC}
 
 
 @dataclass(frozen=True)
@@ -164,9 +239,9 @@ def detect_tool_format(template_source: str | None) -> Detected:
     """The format a model with this chat template writes its tool calls in (cached: the
     server asks on every request, the answer is chosen once per template)."""
     source = template_source or ""
-    for tool_format, marker in FAMILIES:
-        if all(m in source for m in ((marker,) if isinstance(marker, str) else marker)):
-            return Detected(tool_format, True)
+    for family in FAMILIES:
+        if family.matches(source):
+            return Detected(family.format, True)
     if "tools" in source:
         log.warning(
             "the chat template's tool-call syntax is not one homelab knows: the generic "

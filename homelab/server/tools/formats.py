@@ -47,7 +47,7 @@ class ToolFormat:
         return self.openers + self.at_start
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Composite(ToolFormat):
     """Several syntaxes one model may write (Hermes blocks or bare Llama 3 JSON)."""
 

@@ -29,11 +29,10 @@ from homelab.engine.grammar import (
     schema_to_grammar,
 )
 from homelab.errors import EngineError
-from homelab.server.tools.detect import GENERIC, HERMES, LLAMA3
+from homelab.server.tools.detect import GENERIC, HERMES
 from homelab.server.tools.formats import Composite, ToolFormat
 from homelab.server.tools.json_forms import JsonObjects, Mistral, NamedJson
 from homelab.server.tools.python_forms import GemmaCalls, PythonCalls
-from homelab.server.tools.stream import OPEN_TAG
 from homelab.server.tools.xml_forms import TaggedArgs
 
 _RULE = re.compile(r"^([A-Za-z0-9-]+) ::= (.*)$")
@@ -41,20 +40,14 @@ _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]|[A-Za-z][A-Za-z0-9-
 _OBJECT = {"type": "object"}
 
 
-def uses_tagged_calls(template_source: str) -> bool:
-    return OPEN_TAG in template_source
-
-
 def forced_call_grammar(
-    tools: Sequence[Mapping[str, Any]], only: str | None, tool_format: ToolFormat | bool
+    tools: Sequence[Mapping[str, Any]], only: str | None, tool_format: ToolFormat
 ) -> str:
     """A GBNF grammar that makes the model call one of ``tools`` (or the one named ``only``)
-    in ``tool_format``'s syntax (``True``/``False``: Hermes blocks / bare Llama 3 JSON).
+    in ``tool_format``'s syntax.
 
     Raises EngineError (from the schema converter) when a parameters schema is unusable.
     """
-    if isinstance(tool_format, bool):
-        tool_format = HERMES if tool_format else LLAMA3
     chosen = [t["function"] for t in tools if only is None or t["function"]["name"] == only]
     _check_total_schema([function.get("parameters") for function in chosen])
     rules: list[str] = []

@@ -38,7 +38,7 @@ from homelab.server.tools.toolset import ToolSet
 _SEPARATORS = re.compile(r"[\s,;\[\]]*")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class JsonObjects(ToolFormat):
     """Call objects after an opening marker, up to ``close`` (or, without one, to the end of
     the first value; ``whole`` formats must be the whole reply)."""
@@ -167,7 +167,7 @@ def _arguments(value: object) -> dict[str, object]:
     return require_object(value)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NamedJson(MarkedCalls):
     """``call_open NAME name_end {json} close`` calls, alone or in a section."""
 
@@ -214,7 +214,7 @@ class NamedJson(MarkedCalls):
         raise Malformed(f"{self.close} expected")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Mistral(ToolFormat):
     """``[TOOL_CALLS]NAME[ARGS]{…}`` (newer), or ``[TOOL_CALLS][{"name": …}]`` (Nemo)."""
 
@@ -222,8 +222,10 @@ class Mistral(ToolFormat):
 
     def __post_init__(self) -> None:
         self.openers = ("[TOOL_CALLS]",)
-        self._named = NamedJson("mistral", "[TOOL_CALLS]", "[ARGS]", clean=_mistral_name)
-        self._objects = JsonObjects("mistral", "[TOOL_CALLS]", None)
+        self._named = NamedJson(
+            name="mistral", call_open="[TOOL_CALLS]", name_end="[ARGS]", clean=_mistral_name
+        )
+        self._objects = JsonObjects(name="mistral", opener="[TOOL_CALLS]", close=None)
 
     def scan(self, region: str, final: bool, tools: ToolSet) -> Scan:
         at = skip_space(region, len(self.openers[0]))

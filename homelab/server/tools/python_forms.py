@@ -49,7 +49,7 @@ class ReadWhenClosed(ToolFormat):
         raise NotImplementedError
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PythonCalls(ReadWhenClosed):
     name: str
     opener: str
@@ -143,7 +143,7 @@ _GEMMA_TOKEN = re.compile(
 _GEMMA_WORDS = {"True": "true", "False": "false", "None": "null"}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GemmaCalls(ReadWhenClosed):
     """Gemma 4: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>`` — bare keys,
     text quoted by ``<|"|>``; read whole when the call closes."""

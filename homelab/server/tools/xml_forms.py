@@ -33,7 +33,7 @@ from homelab.server.tools.toolset import ToolSet, json_or_text
 _CDATA = "<![CDATA["
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TaggedArgs(MarkedCalls):
     """One family's tags: ``call_open NAME name_end`` then, per parameter,
     ``key_open KEY key_end value_open VALUE value_close``, then ``call_close`` — alone or

@@ -1,4 +1,5 @@
-"""parse_tool_calls: a finished assistant message -> content + tool calls (the JSON forms)."""
+"""A finished assistant message -> content + tool calls (the JSON forms), split by the stream
+parser the server runs (split_tool_calls feeds it the whole text at once)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from dataclasses import FrozenInstanceError
 import pytest
 
 from homelab.server.pieces import ToolCall
-from homelab.server.tools import parse_tool_calls
+from homelab.server.tools import split_tool_calls
 
 
 def test_qwen_style_tool_call_with_content_before_it() -> None:
     call_json = '{"name": "get_weather", "arguments": {"city": "Zürich"}}'
     text = f"Let me check.\n<tool_call>\n{call_json}\n</tool_call>"
-    content, calls = parse_tool_calls(text)
+    content, calls = split_tool_calls(text)
     assert content == "Let me check."
     assert [(call.name, json.loads(call.arguments_json)) for call in calls] == [
         ("get_weather", {"city": "Zürich"})
@@ -28,7 +29,7 @@ def test_several_tagged_calls_get_distinct_ids() -> None:
         '<tool_call>{"name": "a", "arguments": {}}</tool_call>\n'
         '<tool_call>{"name": "b", "arguments": "{\\"x\\": 1}"}</tool_call>'
     )
-    content, calls = parse_tool_calls(text)
+    content, calls = split_tool_calls(text)
     assert content == ""
     assert [(call.name, call.arguments_json) for call in calls] == [("a", "{}"), ("b", '{"x": 1}')]
     assert calls[0].id != calls[1].id
@@ -36,19 +37,19 @@ def test_several_tagged_calls_get_distinct_ids() -> None:
 
 def test_malformed_json_inside_tags_stays_content() -> None:
     text = 'I will call <tool_call>{"name": "a", "arguments": {</tool_call>'
-    assert parse_tool_calls(text) == (text, [])
+    assert split_tool_calls(text) == (text, [])
 
 
 def test_malformed_block_next_to_a_good_one_stays_in_the_content() -> None:
     text = '<tool_call>not json</tool_call><tool_call>{"name": "ok", "arguments": {}}</tool_call>'
-    content, calls = parse_tool_calls(text)
+    content, calls = split_tool_calls(text)
     assert content == "<tool_call>not json</tool_call>"
     assert [call.name for call in calls] == ["ok"]
 
 
 def test_unclosed_tool_call_stays_content() -> None:
     text = '<tool_call>{"name": "a", "arguments": {}}'
-    assert parse_tool_calls(text) == (text, [])
+    assert split_tool_calls(text) == (text, [])
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ def test_unclosed_tool_call_stays_content() -> None:
     ids=["bare-json", "python-tag"],
 )
 def test_llama3_json_tool_call(text: str) -> None:
-    content, calls = parse_tool_calls(text)
+    content, calls = split_tool_calls(text)
     assert content == ""
     assert [(call.name, json.loads(call.arguments_json)) for call in calls] == [
         ("get_weather", {"city": "Oslo"})
@@ -69,7 +70,7 @@ def test_llama3_json_tool_call(text: str) -> None:
 
 def test_llama3_semicolon_separated_calls() -> None:
     text = '{"name": "a", "parameters": {"n": 1}}; {"name": "b", "parameters": {"n": 2}}'
-    assert [call.name for call in parse_tool_calls(text)[1]] == ["a", "b"]
+    assert [call.name for call in split_tool_calls(text)[1]] == ["a", "b"]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +85,7 @@ def test_llama3_semicolon_separated_calls() -> None:
     ],
 )
 def test_text_that_is_not_a_tool_call_is_left_alone(text: str) -> None:
-    assert parse_tool_calls(text) == (text, [])
+    assert split_tool_calls(text) == (text, [])
 
 
 def test_tool_call_is_frozen() -> None:
