@@ -173,7 +173,7 @@ class _ModelBuilder:
                 raise ModelFileError(
                     self.source, f"{self.arch}.{key} has {len(value)} entries for {n_layer} layers"
                 )
-            return tuple(int(v) for v in value)  # type: ignore[call-overload]
+            return tuple(int(v) for v in value)
         return (self.int_key(key, default),) * n_layer
 
     def build(

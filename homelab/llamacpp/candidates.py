@@ -43,8 +43,8 @@ def shaped_distribution(
 
 def _read(array: ctypes.Structure, data: np.ndarray) -> np.ndarray:
     """The candidates the samplers left (they shrink ``size``; some move ``data``)."""
-    size = int(array.size)  # type: ignore[attr-defined]
-    address = ctypes.cast(array.data, ctypes.c_void_p).value  # type: ignore[attr-defined]
+    size = int(array.size)
+    address = ctypes.cast(array.data, ctypes.c_void_p).value
     if address == data.ctypes.data:
         return data[:size].copy()
     buffer = (ctypes.c_char * (size * TOKEN_DATA.itemsize)).from_address(address or 0)

@@ -1,5 +1,5 @@
 """Ollama's wire types (``/api/chat``, ``/api/generate``, ``/api/embed``, ``/api/show``…),
-validated as strictly as the OpenAI ones (:class:`~homelab.server.protocol._Wire`): wrong
+validated as strictly as the OpenAI ones (:class:`~homelab.server.protocol.WireModel`): wrong
 types are errors, NaN is refused, unknown fields are ignored (Ollama's load-time options such
 as ``num_gpu`` or ``use_mmap`` mean nothing here: the plan decided them).
 
@@ -29,7 +29,7 @@ from homelab.server.protocol import (
     MAX_STOP_LENGTH,
     MAX_TOOLS,
     ToolDefinition,
-    _Wire,
+    WireModel,
 )
 
 MAX_OLLAMA_STOPS = 16
@@ -71,7 +71,7 @@ EmbedInputJson = WithJsonSchema(
 )
 
 
-class OllamaOptions(_Wire):
+class OllamaOptions(WireModel):
     """The runtime ``options`` homelab applies (the others are accepted and ignored)."""
 
     num_ctx: int | None = Field(default=None, ge=1, le=INT64_MAX)
@@ -99,12 +99,12 @@ class OllamaOptions(_Wire):
         return None if value == 0.0 else value  # Ollama's 0: the default (no cut)
 
 
-class OllamaFunctionCall(_Wire):
+class OllamaFunctionCall(WireModel):
     name: str = Field(min_length=1)
     arguments: dict[str, Any] = Field(default_factory=dict)  # an object, not JSON text
 
 
-class OllamaToolCall(_Wire):
+class OllamaToolCall(WireModel):
     id: str | None = None
     function: OllamaFunctionCall
 
@@ -118,7 +118,7 @@ def _images(value: Any, info: ValidationInfo) -> list[Any] | None:
     return [image_from_base64(item, None, info.context) for item in value]
 
 
-class OllamaMessage(_Wire):
+class OllamaMessage(WireModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None  # left out (or null) beside images or tool calls: empty
     thinking: str | None = None
@@ -135,7 +135,7 @@ class OllamaMessage(_Wire):
         return _images(value, info)
 
 
-class _OllamaGeneration(_Wire):
+class _OllamaGeneration(WireModel):
     """What ``/api/chat`` and ``/api/generate`` share."""
 
     model: str = Field(min_length=1)
@@ -149,7 +149,7 @@ class _OllamaGeneration(_Wire):
     @classmethod
     def _format(cls, value: Any) -> str | dict[str, Any] | None:
         if value is None or value == "" or value == "json" or isinstance(value, dict):
-            return value or None  # type: ignore[no-any-return]
+            return value or None
         raise ValueError('format must be "json" or a JSON schema (an object)')
 
     @field_validator("think")
@@ -215,7 +215,7 @@ class OllamaGenerateRequest(_OllamaGeneration):
         return self
 
 
-class OllamaEmbedRequest(_Wire):
+class OllamaEmbedRequest(WireModel):
     model: str = Field(min_length=1)
     input: Annotated[Any, EmbedInputJson]
     truncate: bool = True  # accepted; an input longer than the model takes is refused, never cut
@@ -240,7 +240,7 @@ class OllamaEmbedRequest(_Wire):
         return list(self.input)
 
 
-class OllamaEmbeddingsRequest(_Wire):
+class OllamaEmbeddingsRequest(WireModel):
     """The older ``/api/embeddings``: one ``prompt``, one ``embedding`` back."""
 
     model: str = Field(min_length=1)
@@ -248,7 +248,7 @@ class OllamaEmbeddingsRequest(_Wire):
     keep_alive: KeepAlive = None
 
 
-class OllamaModelRequest(_Wire):
+class OllamaModelRequest(WireModel):
     """``/api/show`` and ``/api/pull``: ``model`` (older clients send ``name``)."""
 
     model: str | None = None
@@ -267,7 +267,7 @@ class OllamaModelRequest(_Wire):
         return self.model or self.name or ""
 
 
-OLLAMA_REQUEST_MODELS: tuple[type[_Wire], ...] = (
+OLLAMA_REQUEST_MODELS: tuple[type[WireModel], ...] = (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaEmbedRequest,

@@ -19,10 +19,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from homelab.engine.slots import Slot, SlotTable
 from homelab.engine.prompt_cache.entry import Candidate
 from homelab.engine.prompt_cache.key import ModelKey
 from homelab.engine.prompt_cache.store import PromptCache
+from homelab.engine.slots import Slot, SlotTable
 from homelab.errors import BusyError, EngineError
 from homelab.llamacpp.context import Context
 from homelab.llamacpp.state import (
