@@ -117,3 +117,41 @@ def test_the_parser_reads_folders_by_indentation() -> None:
         "homelab/sub/c.py",
         "homelab/d.py",
     }
+
+
+ARCHITECTURE_MAX_LINES = 110
+
+
+def test_architecture_fits_on_one_page() -> None:
+    lines = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= ARCHITECTURE_MAX_LINES, (
+        f"ARCHITECTURE.md has {len(lines)} lines; keep the map on one page "
+        f"(≤ {ARCHITECTURE_MAX_LINES}): figures go to benchmarks/RESULTS.md or module docstrings"
+    )
+
+
+def named_paths(text: str) -> set[str]:
+    """Every `folder/module.py` or `folder/` path named in backquotes (relative to homelab/,
+    or to the repository for tools/, benchmarks/ and tests/)."""
+    import re
+
+    found = set()
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)  # the layer diagram names packages
+    for quoted in re.findall(r"`([^`]+)`", prose):
+        for word in re.findall(r"[\w./]+", quoted):
+            if word.endswith(".py") and "/" in word:
+                found.add(word)
+    return found
+
+
+def test_every_module_architecture_names_exists() -> None:
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    paths = named_paths(text)
+    assert len(paths) > 30  # the map names the places, not just the layers
+    top = ("tools/", "benchmarks/", "tests/")
+    missing = [
+        path
+        for path in sorted(paths)
+        if not (ROOT / path if path.startswith(top) else ROOT / "homelab" / path).exists()
+    ]
+    assert not missing, f"ARCHITECTURE.md names modules that do not exist: {missing}"

@@ -42,14 +42,13 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from homelab.engine.amx_check import refuse_crashing_build
-from homelab.engine.api import EngineMetrics, FinishEvent, GenerationRequest
+from homelab.engine.api import EngineMetrics, GenerationRequest
 from homelab.engine.chat_template import ChatTemplate
 from homelab.engine.handle import RequestHandle
 from homelab.engine.image_prefill import ImagePrefill, check_image_prompt, image_prompt
@@ -138,7 +137,6 @@ class Engine(Closing):
         self.embedder: Embedder | None = None  # an Embedder on this model (see embeddings.py)
         self._close_lock = threading.Lock()
         self._failure: EngineError | None = None
-        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()  # submitted, for end_requests
         self._unwatch = self._watch_workers()
         self._scheduler.start()
 
@@ -342,7 +340,6 @@ class Engine(Closing):
                 f"the engine is busy ({self._scheduler.config.queue_limit} requests waiting)",
                 hint="Retry in a moment.",
             )
-        self._jobs.add(job)
         return handle
 
     def _prompt_tokens(self, request: GenerationRequest) -> list[int]:
@@ -466,17 +463,8 @@ class Engine(Closing):
         server gives its GPU back, ``server.yielding``); how many were ended. The engine is
         meant to close next: what they would still compute is discarded."""
 
-        def end() -> int:
-            ended = 0
-            for job in list(self._jobs):
-                if not job.handle.finished:
-                    job.handle.finished = True
-                    stats = job.clock.stats()
-                    job.handle.push_finish(FinishEvent("error", stats, reason, fatal=True))
-                    ended += 1
-            return ended
-
-        return self.run_on_engine_thread(end).result(timeout_s)
+        scheduler = self._scheduler
+        return self.run_on_engine_thread(lambda: scheduler.end_all(reason)).result(timeout_s)
 
     def run_on_engine_thread(self, function: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``function`` on the engine thread between two decode steps.

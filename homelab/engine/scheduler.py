@@ -207,6 +207,21 @@ class Scheduler:
         for _, future in calls:
             future.cancel()
 
+    def end_all(self, reason: str) -> int:
+        """End every request in flight, queued or admitted, with ``reason`` (a fatal error
+        its client sees); their slots free and the scheduler goes on. On the lane (call it
+        through :meth:`call_between_steps`); how many were ended."""
+        with self._lock:
+            queued = [*self._waiting, *self._incoming]
+            self._waiting.clear()
+            self._incoming.clear()
+        admitted = [*self._decoding, *self._prefilling]
+        for job in admitted:
+            self._finish(job, "error", error=reason, fatal=True)
+        for waiting in queued:
+            self._abandon(waiting, reason)
+        return len(admitted) + len(queued)
+
     def _abandon(self, job: Job, reason: str) -> None:
         if job.handle.finished:
             return
@@ -581,7 +596,9 @@ class Scheduler:
             self._slots.clear(job.slot)  # its cache may be half-written
         self._finish(job, "error", error=message)
 
-    def _finish(self, job: Job, reason: FinishReason, error: str | None = None) -> None:
+    def _finish(
+        self, job: Job, reason: FinishReason, error: str | None = None, fatal: bool = False
+    ) -> None:
         clock = job.clock
         clock.finished = time.perf_counter()
         job.chain.close()
@@ -589,7 +606,7 @@ class Scheduler:
             self._release(job)
         self._meter.record_finish(reason)
         job.handle.finished = True
-        job.handle.push_finish(FinishEvent(reason, clock.stats(), error))
+        job.handle.push_finish(FinishEvent(reason, clock.stats(), error, fatal=fatal))
 
     def _release(self, job: AdmittedJob) -> None:
         """Give the job's slot back and take it off the step's lists."""

@@ -28,7 +28,7 @@ from homelab.server.yielding import YieldController
 from homelab.units import MIB
 
 REF = resolve("demo")
-REQUEST = PlanRequest(ctx=1024, parallel=2)
+REQUEST = PlanRequest(ctx=8192, parallel=2)
 
 
 @dataclass
@@ -59,7 +59,7 @@ def single(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Single]:
     residency = SingleResidency(holder, "tiny", plan, plan_now, load)
     _, _, read = shared_double(lambda: sum(residency.planned_bytes().values()))
     controller = YieldController(
-        residency, lambda: hardware, gpus=read, prompt_cache=cache, grace_s=0.3, wait_s=60
+        residency, lambda: hardware, gpus=read, prompt_cache=cache, grace_s=0.1, wait_s=60
     )
     if triggers.any:
         controller.watcher = YieldWatcher(controller, triggers)
@@ -74,7 +74,8 @@ def single(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Single]:
 
 
 def test_a_stream_past_the_grace_period_ends_with_an_error_saying_why(single: Single) -> None:
-    body = {"model": "tiny", "prompt": "once upon a time", "max_tokens": 900, "stream": True}
+    # 8,000 tokens outlast the grace period and the yield's own steps even at ~3,000 tok/s
+    body = {"model": "tiny", "prompt": "once upon a time", "max_tokens": 8000, "stream": True}
     body |= {"ignore_eos": True, "temperature": 0}
     with single.http() as http, http.stream("POST", "/v1/completions", json=body) as stream:
         assert stream.status_code == 200
@@ -85,8 +86,8 @@ def test_a_stream_past_the_grace_period_ends_with_an_error_saying_why(single: Si
             report = admin.post("/admin/yield", json={"wait": True}).json()
         rest = "\n".join(lines)
     assert report["state"] == "yielded" and report["last"]["ended_requests"] == 1
-    assert time.perf_counter() - started < 5
-    assert "gave its GPU back (asked to)" in rest and "0.3 s grace period" in rest
+    assert time.perf_counter() - started < 30  # generous: the machine may be loaded
+    assert "gave its GPU back (asked to)" in rest and "0.1 s grace period" in rest
     assert single.holder.engine is None
     with single.http() as http:
         resumed = http.post("/admin/resume").json()
