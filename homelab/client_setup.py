@@ -12,10 +12,15 @@ runs. The context one request may use (the plan's) goes where each client reads 
   it does not know), ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``, and no traffic to Anthropic.
   ``ANTHROPIC_API_KEY`` is removed: sent as ``x-api-key`` beside another bearer key, it would
   be refused.
-* **Codex CLI** (``codex``, the Responses API): a ``[model_providers.homelab]`` table with
-  ``wire_api = "responses"`` and a ``[profiles.homelab]`` with the model, its context window
-  and the compaction limit, in ``$CODEX_HOME/config.toml`` (``~/.codex``); started with
-  ``--profile homelab``, the key in ``HOMELAB_API_KEY``.
+* **Codex CLI** (``codex``, the Responses API): a profile file of homelab's own,
+  ``$CODEX_HOME/homelab.config.toml`` (``~/.codex``; Codex 0.16x reads a profile from
+  ``NAME.config.toml`` and refuses the older ``[profiles.NAME]`` tables in ``config.toml``,
+  which are taken out of it), with the model, its context window, the compaction limit, a
+  ``[model_providers.homelab]`` table with ``wire_api = "responses"``, and a model catalog
+  (``model_catalog_json``): one entry for the served model, made from the generic entry of the
+  installed Codex's own bundled catalog (``codex debug models --bundled``: its instructions
+  and the fields that Codex version requires) with homelab's window, no reasoning levels and
+  no hosted-only tools. Started with ``--profile homelab``, the key in ``HOMELAB_API_KEY``.
 * **OpenCode** (``opencode``, Chat Completions): a provider with ``limit.context`` /
   ``limit.output`` in a file of homelab's own, named by ``OPENCODE_CONFIG`` (OpenCode merges it
   over the user's global config, which stays untouched).
@@ -33,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 import tomllib
 from collections.abc import Mapping
@@ -46,6 +52,7 @@ CLIENTS = ("claude", "codex", "opencode", "openwebui")
 PROVIDER = "homelab"  # the provider / profile name in the clients' files
 KEY_VARIABLE = "HOMELAB_API_KEY"
 OPEN_WEBUI_PORT = 3000
+CODEX_CATALOG_TIMEOUT_S = 30  # `codex debug models --bundled` reads a file; it is quick
 CLAUDE_DEFAULT_WINDOW = 200_000  # what Claude Code assumes for a model it does not know
 
 
@@ -66,6 +73,7 @@ class FileChange:
     path: Path
     content: str
     previous: str | None  # the file as it is now (None: it does not exist)
+    summary: str | None = None  # what --print shows instead of a long content
 
     @property
     def changes(self) -> bool:
@@ -142,38 +150,149 @@ def codex_home(home: Path, env: Mapping[str, str] | None = None) -> Path:
 
 
 def _codex(endpoint: Endpoint, home: Path) -> ClientSetup:
-    path = codex_home(home) / "config.toml"
-    previous = _read(path)
-    compact_tokens = endpoint.context_tokens * 9 // 10  # compact before the window is full
-    ours = "\n".join(
-        [
-            f"[model_providers.{PROVIDER}]",
-            'name = "homelab"',
-            f"base_url = {json.dumps(endpoint.url + '/v1')}",
-            f'env_key = "{KEY_VARIABLE}"',
-            'wire_api = "responses"',
-            "",
-            f"[profiles.{PROVIDER}]",
-            f"model = {json.dumps(endpoint.model)}",
-            f'model_provider = "{PROVIDER}"',
-            f"model_context_window = {endpoint.context_tokens}",
-            f"model_auto_compact_token_limit = {compact_tokens}",
-            f"model_max_output_tokens = {endpoint.output_tokens}",
-            "",
-        ]
-    )
-    content = _with_toml_tables(previous or "", ours, path)
+    folder = codex_home(home)
+    catalog_path = folder / f"{PROVIDER}-models.json"
+    entry = codex_catalog_entry(endpoint)
+    files = [_codex_profile(endpoint, folder, catalog_path if entry else None)]
+    notes: tuple[str, ...] = ()
+    if entry is not None:
+        content = json.dumps({"models": [entry]}, indent=2) + "\n"
+        summary = (
+            f"# {len(content):,} bytes: one model, {entry['slug']} (context_window "
+            f"{entry['context_window']}), with the instructions of the installed Codex's catalog"
+        )
+        files.append(FileChange(catalog_path, content, _read(catalog_path), summary))
+    else:
+        notes = (
+            "No model catalog: `codex debug models --bundled` gave none (is Codex installed?). "
+            "Codex works without it but warns that the model's metadata is not found; run "
+            "`homelab launch codex` again once it is installed.",
+        )
+    legacy = _codex_legacy_tables(folder / "config.toml")
+    if legacy is not None:
+        files.append(legacy)
     env = {KEY_VARIABLE: endpoint.api_key}
     command = ("codex", "--profile", PROVIDER)
-    return ClientSetup("codex", command, env, files=(FileChange(path, content, previous),))
+    return ClientSetup("codex", command, env, files=tuple(files), notes=notes)
+
+
+def _codex_profile(endpoint: Endpoint, folder: Path, catalog: Path | None) -> FileChange:
+    path = folder / f"{PROVIDER}.config.toml"
+    compact_tokens = endpoint.context_tokens * 9 // 10  # compact before the window is full
+    lines = [
+        "# written by `homelab launch codex`: the profile `codex --profile homelab` reads",
+        f"model = {json.dumps(endpoint.model)}",
+        f'model_provider = "{PROVIDER}"',
+        f"model_context_window = {endpoint.context_tokens}",
+        f"model_auto_compact_token_limit = {compact_tokens}",
+    ]
+    if catalog is not None:
+        lines.append(f"model_catalog_json = {json.dumps(str(catalog))}")
+    lines += [
+        "",
+        f"[model_providers.{PROVIDER}]",
+        'name = "homelab"',
+        f"base_url = {json.dumps(endpoint.url + '/v1')}",
+        f'env_key = "{KEY_VARIABLE}"',
+        'wire_api = "responses"',
+        "",
+    ]
+    return FileChange(path, "\n".join(lines), _read(path))
+
+
+def _codex_legacy_tables(path: Path) -> FileChange | None:
+    """``config.toml`` without the tables an earlier homelab wrote there (Codex refuses to
+    start a profile while ``[profiles.homelab]`` is in it); None when it has none."""
+    previous = _read(path)
+    if previous is None:
+        return None
+    content = _without_our_tables(previous, path)
+    return FileChange(path, content, previous) if content != previous else None
+
+
+# Codex's fields that would ask homelab for what it does not do (hosted tools, websockets,
+# reasoning efforts, speed tiers), set plainly where the template has them.
+_CODEX_PLAIN_FIELDS: dict[str, object] = {
+    "supported_reasoning_levels": [],
+    "default_reasoning_level": None,
+    "supports_reasoning_effort_updates": False,
+    "apply_patch_tool_type": None,
+    "supports_search_tool": False,
+    "prefer_websockets": False,
+    "use_responses_lite": False,
+    "service_tiers": [],
+    "additional_speed_tiers": [],
+    "input_modalities": ["text"],
+    "supports_image_detail_original": False,
+    "supports_parallel_tool_calls": False,
+    "support_verbosity": False,
+    "default_verbosity": None,
+    "upgrade": None,
+    "availability_nux": None,
+}
+
+
+def codex_catalog_entry(endpoint: Endpoint) -> dict[str, object] | None:
+    """The served model as the installed Codex's catalog describes a model, or None."""
+    template = _generic_codex_model(_bundled_codex_models())
+    if template is None:
+        return None
+    entry = dict(template)
+    for key, value in _CODEX_PLAIN_FIELDS.items():
+        if key in entry:
+            entry[key] = value
+    window = endpoint.context_tokens
+    entry.update(
+        slug=endpoint.model,
+        display_name=endpoint.model,
+        description=f"{endpoint.model} on homelab ({endpoint.url})",
+        context_window=window,
+        max_context_window=window,
+        auto_compact_token_limit=window * 9 // 10,
+        visibility="list",
+        supported_in_api=True,
+        priority=0,
+    )
+    return entry
+
+
+def _bundled_codex_models() -> list[object]:
+    executable = shutil.which("codex")
+    if executable is None:
+        return []
+    try:
+        done = subprocess.run(
+            [executable, "debug", "models", "--bundled"], capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, timeout=CODEX_CATALOG_TIMEOUT_S, check=False,
+        )  # fmt: skip
+        models = json.loads(done.stdout)["models"]
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+        return []
+    return models if isinstance(models, list) else []
+
+
+def _generic_codex_model(models: list[object]) -> dict[str, object] | None:
+    """The listed model with instructions that asks least of a server (no websockets, no
+    lite protocol), the oldest of them (the highest priority number)."""
+    usable = [
+        m
+        for m in models
+        if isinstance(m, dict)
+        and m.get("visibility") == "list"
+        and (m.get("base_instructions") or m.get("model_messages"))
+        and not m.get("prefer_websockets")
+        and not m.get("use_responses_lite")
+    ]
+    return max(usable, key=lambda m: int(m.get("priority") or 0), default=None)
 
 
 _TABLE_HEADER = re.compile(r"^\s*\[")
+_PROFILE_SELECTOR = re.compile(rf"^\s*profile\s*=\s*[\"']{PROVIDER}[\"']\s*(#.*)?$")
 
 
-def _with_toml_tables(text: str, ours: str, path: Path) -> str:
+def _without_our_tables(text: str, path: Path) -> str:
     """``text`` without its ``[model_providers.homelab]`` / ``[profiles.homelab]`` tables
-    (and their sub-tables), then ``ours``; checked to parse as TOML."""
+    (and their sub-tables) and a top-level ``profile = "homelab"``; checked to parse."""
     try:
         tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -183,18 +302,20 @@ def _with_toml_tables(text: str, ours: str, path: Path) -> str:
         ) from None
     ours_prefixes = (f"[model_providers.{PROVIDER}", f"[profiles.{PROVIDER}")
     kept: list[str] = []
-    skipping = False
+    skipping = in_tables = False
     for line in text.splitlines():
         if _TABLE_HEADER.match(line):
+            in_tables = True
             header = line.strip()
             skipping = any(
                 header.startswith(p + "]") or header.startswith(p + ".") for p in ours_prefixes
             )
-        if not skipping:
+        if not skipping and not (not in_tables and _PROFILE_SELECTOR.match(line)):
             kept.append(line)
-    head = "\n".join(kept).rstrip()
-    content = (head + "\n\n" if head else "") + ours
-    tomllib.loads(content)  # ours is plain tables after the user's own: still TOML
+    if len(kept) == len(text.splitlines()):
+        return text
+    content = "\n".join(kept).rstrip() + "\n"
+    tomllib.loads(content)
     return content
 
 
@@ -291,7 +412,8 @@ def render(setup: ClientSetup, secret: str | None = None) -> str:
         state = "new file" if change.previous is None else "changes your file; a copy is kept"
         if not change.changes:
             state = "unchanged"
-        lines += ["", f"# file {change.path} ({state})", shown(change.content).rstrip()]
+        shown_content = change.summary if change.summary is not None else change.content
+        lines += ["", f"# file {change.path} ({state})", shown(shown_content).rstrip()]
     lines += ["", "# then runs", " ".join(setup.command)]
     lines += [f"# note: {note}" for note in setup.notes]
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 The clients themselves are not installed here: a stub of each (``claude``, ``codex``,
 ``opencode``, ``open-webui``) stands first on PATH — a tiny script that records its arguments,
 its environment and the configuration file the real client reads at start (Codex's
-``$CODEX_HOME/config.toml`` or ``~/.codex/config.toml``, OpenCode's ``$OPENCODE_CONFIG``), then
+profile ``$CODEX_HOME/homelab.config.toml`` (``~/.codex``), OpenCode's ``$OPENCODE_CONFIG``), then
 asks the server for its models the way that configuration says (base URL, key) and records the
 answer. ``homelab launch`` runs in a child process with HOME and HOMELAB_HOME in a temporary
 folder, against a real server on the tiny demo model, or against one it starts itself.
@@ -34,6 +34,22 @@ from homelab.settings import Settings
 KEY = "hl-test-launch-key"
 MODEL_ID = "tiny"
 N_CTX_PER_SLOT = 1024
+# `codex debug models --bundled` as the stub answers it: the shape of Codex 0.171's catalog,
+# cut down (a newest model on websockets, a hidden one, and the plain listed one to copy)
+CODEX_BUNDLED = {
+    "models": [
+        {"slug": "gpt-new", "visibility": "list", "priority": 1, "prefer_websockets": True,
+         "base_instructions": "new", "context_window": 500000, "shell_type": "shell_command"},
+        {"slug": "gpt-hidden", "visibility": "hide", "priority": 40, "base_instructions": "h",
+         "context_window": 272000, "shell_type": "shell_command"},
+        {"slug": "gpt-old", "visibility": "list", "priority": 13, "base_instructions": "old",
+         "context_window": 272000, "shell_type": "unified_exec", "supported_in_api": True,
+         "supported_reasoning_levels": [{"effort": "low", "description": "fast"}],
+         "default_reasoning_level": "medium", "apply_patch_tool_type": "freeform",
+         "supports_search_tool": True, "input_modalities": ["text", "image"],
+         "truncation_policy": {"mode": "tokens", "limit": 10000}},
+    ]
+}  # fmt: skip
 STUB = textwrap.dedent(
     """\
     #!{python}
@@ -42,10 +58,14 @@ STUB = textwrap.dedent(
     name = Path(sys.argv[0]).name
     env = dict(os.environ)
     config = None
+    if name == "codex" and sys.argv[1:] == ["debug", "models", "--bundled"]:
+        sys.stdout.write({catalog!r})  # a cut-down copy of what Codex 0.171 bundles
+        sys.exit(0)
     if name == "codex":
         home = Path(env.get("CODEX_HOME") or Path(env["HOME"]) / ".codex")
-        config = tomllib.loads((home / "config.toml").read_text())
-        provider = config["model_providers"][config["profiles"]["homelab"]["model_provider"]]
+        profile = sys.argv[sys.argv.index("--profile") + 1]
+        config = tomllib.loads((home / (profile + ".config.toml")).read_text())
+        provider = config["model_providers"][config["model_provider"]]
         base, key = provider["base_url"], env[provider["env_key"]]
     elif name == "opencode":
         config = json.loads(Path(env["OPENCODE_CONFIG"]).read_text())
@@ -83,7 +103,7 @@ def home(tmp_path: Path) -> Path:
         (tmp_path / name).mkdir()
     for program in ("claude", "codex", "opencode", "open-webui"):
         stub = tmp_path / "bin" / program
-        stub.write_text(STUB.format(python=sys.executable))
+        stub.write_text(STUB.format(python=sys.executable, catalog=json.dumps(CODEX_BUNDLED)))
         stub.chmod(0o755)
     return tmp_path
 
@@ -183,11 +203,12 @@ def test_claude_receives_its_environment(home: Path, served: ServerHandle) -> No
     assert "ANTHROPIC_API_KEY" not in env  # sent as x-api-key beside the bearer: refused
 
 
-def test_codex_gets_a_profile_beside_the_users_own_config(home: Path, served: ServerHandle) -> None:
-    config = home / "home" / ".codex" / "config.toml"
-    config.parent.mkdir()
-    mine = (
-        'model = "gpt-5"\n\n[profiles.homelab]\nmodel = "stale"\n\n'
+def test_codex_gets_a_profile_file_and_a_catalog(home: Path, served: ServerHandle) -> None:
+    codex = home / "home" / ".codex"
+    codex.mkdir()
+    config = codex / "config.toml"
+    mine = (  # what an earlier homelab wrote: Codex 0.16x refuses --profile beside it
+        'model = "gpt-5"\nprofile = "homelab"\n\n[profiles.homelab]\nmodel = "stale"\n\n'
         '[mcp_servers.docs]\ncommand = "docs"\n'
     )
     config.write_text(mine)
@@ -195,20 +216,34 @@ def test_codex_gets_a_profile_beside_the_users_own_config(home: Path, served: Se
     assert done.returncode == 0, done.stderr
     got = received(home)
     assert got["argv"] == ["--profile", "homelab"] and got["models"] == [MODEL_ID]
-    provider = got["config"]["model_providers"]["homelab"]
+    profile = got["config"]
+    provider = profile["model_providers"]["homelab"]
     assert provider["wire_api"] == "responses" and provider["base_url"] == served.url + "/v1"
     assert got["env"][provider["env_key"]] == KEY
-    profile = got["config"]["profiles"]["homelab"]
     assert (profile["model"], profile["model_context_window"]) == (MODEL_ID, N_CTX_PER_SLOT)
     assert profile["model_auto_compact_token_limit"] < N_CTX_PER_SLOT
-    assert got["config"]["model"] == "gpt-5" and "docs" in got["config"]["mcp_servers"]  # kept
-    backups = list(config.parent.glob("config.toml.homelab-backup-*"))
+    assert_catalog(Path(profile["model_catalog_json"]))
+    users = tomllib.loads(config.read_text())  # the user's own keys kept, ours gone
+    assert users == {"model": "gpt-5", "mcp_servers": {"docs": {"command": "docs"}}}
+    backups = list(codex.glob("config.toml.homelab-backup-*"))
     assert len(backups) == 1 and backups[0].read_text() == mine
     assert f"your copy: {backups[0]}" in done.stderr
     again = launch(home, "codex", "--url", served.url, "--api-key", KEY)
-    assert "already set up" in again.stderr  # nothing changed: no second copy
-    assert len(list(config.parent.glob("config.toml.homelab-backup-*"))) == 1
-    tomllib.loads(config.read_text())
+    assert again.stderr.count("already set up") == 2  # the profile and the catalog: unchanged
+    assert len(list(codex.glob("*.homelab-backup-*"))) == 1
+
+
+def assert_catalog(path: Path) -> None:
+    """One entry for the served model, copied from the plain listed model of the bundle (its
+    instructions and shell), with homelab's window and nothing a hosted model has."""
+    (entry,) = json.loads(path.read_text())["models"]
+    assert (entry["slug"], entry["base_instructions"], entry["shell_type"]) == (
+        MODEL_ID, "old", "unified_exec",
+    )  # fmt: skip
+    assert entry["context_window"] == N_CTX_PER_SLOT > entry["auto_compact_token_limit"]
+    assert entry["supported_reasoning_levels"] == [] and entry["default_reasoning_level"] is None
+    assert entry["apply_patch_tool_type"] is None and entry["supports_search_tool"] is False
+    assert entry["input_modalities"] == ["text"] and entry["priority"] == 0
 
 
 def test_opencode_gets_its_own_file_and_leaves_the_users_alone(
