@@ -63,6 +63,7 @@ ENCODER_ARCHITECTURES = frozenset(
 DEFAULT_MAX_INPUT_TOKENS = 2048
 DEFAULT_SEQUENCES = 8
 DEFAULT_MAX_INPUTS = 2048  # per request, as OpenAI's API allows
+NORMALISED_TOKEN_CHARS = 64  # the text kept per token where a vocabulary normalises (a guess)
 DEFAULT_MAX_WAITING = 16  # requests queued for the context before new ones get BusyError
 
 
@@ -225,8 +226,30 @@ class Embedder(Closing):
             text,
             self.max_input_tokens,
             add_bos=True,
-            longest_token_bytes=self.vocab.longest_token_bytes,
+            longest_token_bytes=lambda: self.longest_token_bytes,
         )
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int | None:
+        """The most bytes of text one token stands for (None: the vocabulary normalises)."""
+        return self.vocab.longest_token_bytes()
+
+    def tokenize_cut(self, text: str) -> tuple[list[int], bool]:
+        """An input's tokens cut at its end to ``max_input_tokens``, the framing kept
+        (Ollama's ``truncate``), and whether it was cut. Bounded work: only the head of the
+        text that can still be kept is tokenized."""
+        if self._closed:
+            raise EngineClosedError("the embeddings context is closed")
+        limit = self.max_input_tokens
+        per_token = self.longest_token_bytes or NORMALISED_TOKEN_CHARS
+        # a character is at least a byte, a token at most per_token bytes: this head still
+        # has at least `limit` tokens when the text has
+        head = text[: limit * per_token]
+        tokens = self.vocab.tokenize(head, add_bos=True, parse_special=False)
+        if len(tokens) <= limit:
+            return tokens, len(head) < len(text)
+        tail = max(0, len(self.vocab.tokenize("", add_bos=True, parse_special=False)) - 1)
+        return tokens[: limit - tail] + tokens[len(tokens) - tail :], True
 
     # --- vectors -------------------------------------------------------------------------
 

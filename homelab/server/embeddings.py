@@ -113,13 +113,22 @@ async def create_embeddings(ctx: RequestContext, req: EmbeddingRequest) -> Respo
 
 
 async def embed_texts(
-    ctx: RequestContext, model: str, texts: Sequence[str], dimensions: int | None
+    ctx: RequestContext,
+    model: str,
+    texts: Sequence[str],
+    dimensions: int | None,
+    *,
+    truncate: bool,
 ) -> tuple[list[np.ndarray], int]:
     """Unit vectors for ``texts`` and their prompt tokens, recorded like a request of this
-    route (Ollama's ``/api/embed`` and ``/api/embeddings``)."""
+    route (Ollama's ``/api/embed`` and ``/api/embeddings``); ``truncate``: an input longer
+    than the model takes is cut at its end (Ollama's default), else refused."""
     embedder = embedder_of(ctx, model)
     check_dimensions(embedder, dimensions)
-    tokens = await _tokenized(embedder, list(texts))
+    if truncate:
+        tokens = await _cut(embedder, list(texts))
+    else:
+        tokens = await _tokenized(embedder, list(texts))
     vectors = await _embedded(embedder, tokens)
     prompt_tokens = sum(len(t) for t in tokens)
     _record(ctx, prompt_tokens)
@@ -154,6 +163,17 @@ async def _tokenized(
         return [_tokens(embedder, index, item) for index, item in enumerate(inputs)]
 
     chars = sum(len(item) for item in inputs if isinstance(item, str))
+    return run() if chars <= INLINE_INPUT_CHARS else await anyio.to_thread.run_sync(run)
+
+
+async def _cut(embedder: EmbedderLike, texts: list[str]) -> list[Sequence[int]]:
+    def run() -> list[Sequence[int]]:
+        cut = [embedder.tokenize_cut(text) for text in texts]
+        if any(was_cut for _, was_cut in cut):
+            log.info("embeddings: inputs cut to %d tokens (truncate)", embedder.max_input_tokens)
+        return [tokens for tokens, _ in cut]
+
+    chars = sum(len(text) for text in texts)
     return run() if chars <= INLINE_INPUT_CHARS else await anyio.to_thread.run_sync(run)
 
 

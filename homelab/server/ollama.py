@@ -411,7 +411,9 @@ async def _lines(
 
 
 async def embed(ctx: RequestContext, req: OllamaEmbedRequest, timing: Timing) -> Response:
-    vectors, prompt_tokens = await embed_texts(ctx, req.model, req.texts(), req.dimensions)
+    vectors, prompt_tokens = await embed_texts(
+        ctx, req.model, req.texts(), req.dimensions, truncate=req.truncate
+    )
     return JSONResponse(
         {
             "model": req.model,
@@ -424,7 +426,7 @@ async def embed(ctx: RequestContext, req: OllamaEmbedRequest, timing: Timing) ->
 
 
 async def legacy_embeddings(ctx: RequestContext, req: OllamaEmbeddingsRequest) -> Response:
-    vectors, _ = await embed_texts(ctx, req.model, [req.prompt], None)
+    vectors, _ = await embed_texts(ctx, req.model, [req.prompt], None, truncate=True)
     return JSONResponse({"embedding": [float(x) for x in vectors[0]]})
 
 

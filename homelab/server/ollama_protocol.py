@@ -218,7 +218,7 @@ class OllamaGenerateRequest(_OllamaGeneration):
 class OllamaEmbedRequest(WireModel):
     model: str = Field(min_length=1)
     input: Annotated[Any, EmbedInputJson]
-    truncate: bool = True  # accepted; an input longer than the model takes is refused, never cut
+    truncate: bool = True  # an input longer than the model takes is cut at its end (else: 400)
     dimensions: int | None = Field(default=None, ge=1, le=INT64_MAX)
     keep_alive: KeepAlive = None
 

@@ -97,6 +97,17 @@ def test_limits_are_checked_before_compute(bert: Embedder) -> None:
         bert.embed([])
 
 
+def test_a_cut_keeps_the_head_and_the_closing_token(bert: Embedder) -> None:
+    """Ollama's truncate: the first tokens, then BERT's [SEP] still last; a short text whole."""
+    limit = bert.max_input_tokens
+    long_text = " ".join(f"word{i}" for i in range(4 * limit))
+    whole = bert.vocab.tokenize(long_text, add_bos=True, parse_special=False)
+    cut, was_cut = bert.tokenize_cut(long_text)
+    assert was_cut and len(cut) == limit and cut[: limit - 1] == whole[: limit - 1]
+    assert cut[-1] == whole[-1]  # the closing [SEP]
+    assert bert.tokenize_cut("hello") == (bert.tokenize("hello"), False)
+
+
 def test_too_many_waiting_requests_are_refused(bert_path: Path) -> None:
     release = threading.Event()
     worker = concurrent.futures.ThreadPoolExecutor(1)

@@ -235,6 +235,24 @@ def test_embed_and_the_older_embeddings(embedding: ServerHandle) -> None:
     assert "embedding" in (olla.show("llama-mean").capabilities or [])
 
 
+def test_embed_cuts_a_long_input_unless_told_not_to(embedding: ServerHandle) -> None:
+    """Ollama's ``truncate`` (true by default): the input's first tokens, as Ollama does; a
+    text of a million characters is cut after bounded work."""
+    olla = client(embedding)
+    words = " ".join(f"word{i}" for i in range(2000))  # far more than the 256 tokens taken
+    cut = olla.embed(model="llama-mean", input=words)
+    assert cut.prompt_eval_count == 256
+    huge = olla.embed(model="llama-mean", input="x" * 1_000_000)
+    assert huge.prompt_eval_count == 256
+    head = olla.embed(model="llama-mean", input=words[: len(words) // 2])  # also over 256
+    assert np.allclose(cut.embeddings[0], head.embeddings[0], atol=1e-5)  # the same head
+    with pytest.raises(ollama.ResponseError) as refused:
+        olla.embed(model="llama-mean", input=words, truncate=False)
+    assert refused.value.status_code == 400 and "at most 256 tokens" in refused.value.error
+    older = olla.embeddings(model="llama-mean", prompt=words).embedding  # /api/embeddings too
+    assert np.allclose(older, cut.embeddings[0], atol=1e-5)
+
+
 # --- a tenant's second turn --------------------------------------------------------------------
 
 
