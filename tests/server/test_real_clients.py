@@ -16,6 +16,10 @@ the prefix (or put the binaries on PATH)::
     npm install --prefix /tmp/clients opencode-ai
     HOMELAB_CLIENTS_DIR=/tmp/clients .venv/bin/pytest tests/server/test_real_clients.py -v
 
+Each client also runs once as ``homelab launch CLIENT`` sets it up (its files and
+environment as the launch writes them). Last run: 2026-12-05, Claude Code 2.1.197, Codex CLI
+0.171.0, OpenCode 1.18.33 — 6 passed in 341 s on the 2-core machine under load.
+
 Nothing here needs the internet: telemetry, update checks and model-list fetches are off.
 """
 
@@ -259,27 +263,62 @@ def test_codex(serve: Serve, tmp_path: Path) -> None:
             assert events[-1]["usage"]["cached_input_tokens"] >= second.cached
 
 
+def launched(
+    serve: Serve, client: str, work: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[list[Logged], str]:
+    """One turn of ``client`` as ``homelab launch CLIENT --url … -- ARGS`` sets it up and
+    starts it (the client's own files and environment: what the launch writes)."""
+    binary = client_binary(client)
+    env = {"HOMELAB_HOME": str(serve.home), "PATH": f"{binary.parent}:{os.environ['PATH']}"} | (
+        env or {}
+    )
+    launch = [sys.executable, "-m", "homelab.cli", "launch", client, "--url", serve.url]
+    made, stdout = turn(serve, [*launch, "--api-key", serve.key, "--", *args], work, env)
+    assert next(r.route for r in made if r.method == "POST") == "/api/show"  # the context
+    return made, stdout
+
+
 def test_codex_as_homelab_launch_sets_it_up(serve: Serve, tmp_path: Path) -> None:
-    """``homelab launch codex`` writes the profile file and the model catalog this Codex
-    accepts (it refuses a catalog entry it cannot parse, and warns about a model it has no
-    metadata for), and the turn it starts completes."""
-    codex = client_binary("codex")
+    """The profile file and the model catalog this Codex accepts (it refuses a catalog entry
+    it cannot parse), and the turn it starts completes."""
     work = client_home(tmp_path)
-    env = {"HOMELAB_HOME": str(serve.home), "PATH": f"{codex.parent}:{os.environ['PATH']}"}
-    launch = [sys.executable, "-m", "homelab.cli", "launch", "codex", "--url", serve.url]
-    ask = ["--api-key", serve.key, "--", "exec", "--json", "--skip-git-repo-check", "Say hi"]
-    made, stdout = turn(serve, [*launch, *ask], work, env)
-    # the launch reads the context from /api/show; Codex then speaks Responses only
+    made, stdout = launched(serve, "codex", work, "exec", "--json", "--skip-git-repo-check", "Hi")
     assert {r.route for r in made if r.method == "POST"} == {"/api/show", "/v1/responses"}
     kinds = [event["type"] for event in json_lines(stdout)]
     assert "turn.failed" not in kinds and kinds[-1] == "turn.completed", stdout
     catalog = work.parent / ".codex" / "homelab-models.json"
-    listed = run_client([codex, "debug", "models", "-c", f'model_catalog_json="{catalog}"'],
-                        work, {})  # fmt: skip
+    check = [client_binary("codex"), "debug", "models", "-c", f'model_catalog_json="{catalog}"']
+    listed = run_client(check, work, {})
     assert listed.returncode == 0, listed.stderr[-2000:]
     (entry,) = json.loads(listed.stdout)["models"]
     assert (entry["slug"], entry["context_window"]) == ("local", CTX)
     assert entry["base_instructions"]  # the installed Codex's own instructions
+
+
+def test_opencode_as_homelab_launch_sets_it_up(serve: Serve, tmp_path: Path) -> None:
+    work = client_home(tmp_path)
+    home = work.parent
+    env = {  # OpenCode's own folders in this HOME; no update check, no models.dev
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "XDG_DATA_HOME": str(home / ".local" / "share"),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_STATE_HOME": str(home / ".local" / "state"),
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+    }
+    made, stdout = launched(serve, "opencode", work, "run", "--format", "json", "Hi", env=env)
+    assert {r.route for r in made if r.method == "POST"} == {"/api/show", "/v1/chat/completions"}
+    finished = [e for e in json_lines(stdout) if e["type"] == "step_finish"]
+    assert finished and finished[-1]["part"]["reason"] in ("stop", "length"), stdout
+
+
+def test_claude_code_as_homelab_launch_sets_it_up(serve: Serve, tmp_path: Path) -> None:
+    work = client_home(tmp_path)
+    env = {"CLAUDE_CONFIG_DIR": str(tmp_path / "claude-config")}
+    ask = ("-p", "Hi", "--output-format", "json", "--tools", "Agent,Bash,Read")
+    made, stdout = launched(serve, "claude", work, *ask, env=env)
+    assert {r.route for r in made if r.method == "POST"} == {"/api/show", "/v1/messages"}
+    result = json.loads(stdout)
+    assert result["type"] == "result" and result["is_error"] is False, result
 
 
 def test_opencode(serve: Serve, tmp_path: Path) -> None:
