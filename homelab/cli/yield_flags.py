@@ -77,7 +77,7 @@ def triggers(args: argparse.Namespace) -> YieldTriggers:
 
 def planning_hardware_now(args: argparse.Namespace, cache_ram_bytes: int) -> Hardware:
     """The machine as it is now (the VRAM free now), less the prompt cache's RAM."""
-    from homelab.cli.prompt_cache_flags import reserve_bytes
+    from homelab.cli.prompt_cache import reserve_bytes
 
     return reserve_bytes(flags.hardware(args), cache_ram_bytes)
 
