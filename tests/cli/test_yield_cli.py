@@ -62,3 +62,8 @@ def test_yield_and_resume_a_server_started_by_homelab_serve(
     answer = httpx.post(f"{served}/v1/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["text"]
+
+
+def test_yield_to_cpu_needs_a_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--yield-to-cpu"]) == 1
+    assert "--yield-to-cpu needs a MODEL" in capsys.readouterr().err
