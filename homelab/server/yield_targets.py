@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio.to_thread
 
@@ -114,8 +114,8 @@ class FleetResidency:
         raise NotImplementedError("a fleet does not serve from the CPU while yielded")
 
 
-class EngineSlot:
-    """Where ``serve MODEL`` keeps its engine (``runner.EngineHolder`` has this shape)."""
+class EngineSlot(Protocol):
+    """Where ``serve MODEL`` keeps its engine (``runner.EngineHolder``)."""
 
     engine: Any
 

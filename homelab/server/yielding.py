@@ -24,6 +24,11 @@ What is yielded and loaded again is a :class:`Residency`: the fleet's resident m
 (``yield_targets.SingleResidency``). A speculation draft and RPC connections belong to their
 engine: they go and come back with it. The triggers (another process's VRAM, a named process,
 idle time) live in :mod:`homelab.server.yield_watch`; this module is the state machine.
+
+It runs on its server's event loop (bound by the server's lifespan, :meth:`bind_loop`); the
+TUI, which also yields with no server running, calls it from its threads through
+:meth:`YieldController.call` and hears of every change (its own, or ``homelab yield``'s
+against its server) through :meth:`YieldController.subscribe`.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio.to_thread
 import psutil
@@ -65,6 +70,7 @@ HISTORY = 32  # yields remembered for /admin/yield and the TUI
 
 GpuReader = Callable[[], "Sequence[GpuSnapshot]"]
 HardwareFn = Callable[[], "Hardware"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -180,6 +186,8 @@ class YieldController:
         self.in_flight = 0
         self.last_request = clock()
         self.watcher: Any = None  # the yield_watch.YieldWatcher, when triggers are on
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, while it serves
+        self._listeners: list[Callable[[], object]] = []
         self._yielded_at = 0.0
         self._lock: asyncio.Lock | None = None
         self._serving: asyncio.Event | None = None
@@ -261,6 +269,7 @@ class YieldController:
             log.info("yielded the GPU (%s) in %.2f s: %s", cause, event.yield_s, _freed(event))
             if self.residency.serves_from_cpu and cause != "idle":
                 await self._serve_from_cpu(event)
+            self._changed()
             return event
 
     async def _serve_from_cpu(self, event: YieldEvent) -> None:
@@ -358,6 +367,7 @@ class YieldController:
                 log.warning("resume (%s) failed, still yielded: %s", cause, exc)
                 if self.residency.serves_from_cpu and event.cause != "idle":
                     await self._serve_from_cpu(event)
+                self._changed()
                 return event
             event.resume_s = time.perf_counter() - started
             event.yielded_s = self.clock() - self._yielded_at
@@ -366,6 +376,7 @@ class YieldController:
             self.state = "serving"
             self._serving_event().set()
             log.info("resumed (%s) in %.2f s after %.1f s", cause, event.resume_s, event.yielded_s)
+            self._changed()
             return event
 
     # --- reports ------------------------------------------------------------------------
@@ -441,6 +452,30 @@ class YieldController:
             lines += _metric(name, kind, what, [("", value)])
         return "\n".join(lines) + "\n"
 
+    # --- from other threads ---------------------------------------------------------------
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The loop that runs this controller from now on (None: none). asyncio's locks and
+        events belong to one loop: they are made anew for it."""
+        self.loop = loop
+        self._lock = self._serving = self._drained = None
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` (``yield_gpu(...)``, ``resume()``) from a thread that runs no
+        loop, blocking: on the server's loop while one serves, else on a loop of its own."""
+        if self.loop is not None:
+            return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        self.bind_loop(None)
+        return asyncio.run(coroutine)
+
+    def subscribe(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` (from the loop's thread) after each yield and resume."""
+        self._listeners.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._listeners:
+            callback()
+
     # --- plumbing -----------------------------------------------------------------------
 
     def _reading(self) -> MemoryReading:
@@ -469,7 +504,7 @@ class YieldController:
     def _serving_event(self) -> asyncio.Event:
         if self._serving is None:
             self._serving = asyncio.Event()
-            if self.state == "serving":
+            if self._admits():
                 self._serving.set()
         return self._serving
 
