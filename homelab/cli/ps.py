@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_models(models))
         yielded = fetch_yield(url, key)
         if yielded.get("state", "serving") != "serving":
-            print(f"GPU {yielded['state']} ({yielded['reason']}); resumes {yielded['resumes']}")
+            print(yield_line(yielded))
         cache = fetch_prompt_cache(url, key)
         if cache.get("enabled"):
             print(format_prompt_cache(cache))
@@ -56,6 +56,14 @@ def fetch_yield(url: str, api_key: str | None = None) -> dict[str, Any]:
     except httpx.HTTPError:
         return {}
     return dict(response.json()) if response.status_code == 200 else {}
+
+
+def yield_line(report: dict[str, Any]) -> str:
+    """``GPU yielded (asked to); resumes on …``, saying when it serves from the CPU."""
+    line = f"GPU {report['state']} ({report['reason']}); resumes {report['resumes']}"
+    if report.get("serving_from_cpu"):
+        line = f"GPU yielded (serving from CPU): {report['reason']}; resumes {report['resumes']}"
+    return line
 
 
 def format_prompt_cache(report: dict[str, Any]) -> str:

@@ -166,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a MODEL or --models, not both.")
     if not args.model and (args.spec or args.draft):
         raise ConfigError("--spec and --draft need a MODEL: a draft drafts for one target.")
+    if not args.model and args.yield_to_cpu:
+        raise ConfigError(
+            "--yield-to-cpu needs a MODEL: it serves one model from the CPU while yielded.",
+            hint="Give the MODEL to serve, or leave --yield-to-cpu out.",
+        )
     if not args.model:
         return _serve_fleet(args, keys_path)
     if args.goal is None:
@@ -233,6 +238,7 @@ def _model_yielding(
     """Yield and resume for the one model: re-planned like at start, for the VRAM free then."""
     from homelab.models.embeddings import load_serving_engine, planning_hardware
     from homelab.models.launch import plan_file
+    from homelab.server.yield_targets import plan_for_cpu
 
     request, overrides = flags.plan_request(args), flags.overrides(args)
     embeddings, model_path = getattr(args, "embeddings", None), ref.local_path()
@@ -243,8 +249,12 @@ def _model_yielding(
     def load(planned: Plan) -> Any:
         return load_serving_engine(ref, planned, overrides, embeddings, prompt_cache)
 
+    def plan_on_cpu(host_only: Hardware, like: Plan) -> Plan:
+        hardware = planning_hardware(model_path, host_only, embeddings)
+        return plan_for_cpu(lambda asked: plan_file(ref, asked, hardware), request, like)
+
     return yield_flags.for_model(
-        args, holder, name, plan, plan_now, load, cache_ram_bytes, prompt_cache
+        args, holder, name, plan, plan_now, load, cache_ram_bytes, prompt_cache, plan_on_cpu
     )
 
 

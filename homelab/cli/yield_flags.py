@@ -47,6 +47,12 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         "request resumes (off)",
     )
     group.add_argument(
+        "--yield-to-cpu",
+        action="store_true",
+        help="while yielded, keep serving MODEL from a CPU-only plan (slower, no VRAM); the "
+        "resume goes back to the GPU plan",
+    )
+    group.add_argument(
         "--yield-grace",
         type=float,
         default=10.0,
@@ -128,10 +134,14 @@ def for_model(
     load_fn: Callable[[Plan], Any],
     cache_ram_bytes: int,
     prompt_cache: PromptCache | None,
+    cpu_plan_fn: Callable[[Hardware, Plan], Plan] | None = None,
 ) -> YieldController:
+    """``serve MODEL``'s controller; ``cpu_plan_fn`` (with ``--yield-to-cpu``) plans the
+    CPU-only engine a yield serves from."""
     from homelab.server.yield_targets import SingleResidency
 
-    residency = SingleResidency(holder, name, plan, plan_fn, load_fn)
+    to_cpu = cpu_plan_fn if args.yield_to_cpu else None
+    residency = SingleResidency(holder, name, plan, plan_fn, load_fn, to_cpu)
     return controller(
         args, residency, lambda: planning_hardware_now(args, cache_ram_bytes), prompt_cache
     )

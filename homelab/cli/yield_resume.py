@@ -76,12 +76,24 @@ def format_status(report: dict[str, Any]) -> str:
             f"{'n/a' if vram is None else format_size(vram)} (NVML), RSS "
             f"{format_size(last['rss_freed_bytes'])}; {last['saved_states']} slot states saved"
         )
+    lines += _cpu_lines(report, last)
     if state == "serving" and last.get("resume_s") is not None:
         lines.append(f"resumed in {last['resume_s']:.2f} s after {last['yielded_s']:.1f} s")
         lines += [f"  {r['model']}: {_plan_line(r)}" for r in last.get("resumed", ())]
     if last.get("resume_error") and state == "yielded":
         lines.append(f"resume failed: {last['resume_error']}")
     return "\n".join(lines)
+
+
+def _cpu_lines(report: dict[str, Any], last: dict[str, Any]) -> list[str]:
+    """``--yield-to-cpu``: what serves meanwhile, or why nothing does."""
+    if report.get("serving_from_cpu"):
+        return ["serving from the CPU meanwhile:"] + [
+            f"  {r['model']}: {_plan_line(r)}" for r in last.get("cpu_plans", ())
+        ]
+    if report.get("state") == "yielded" and last.get("cpu_error"):
+        return [f"cannot serve from the CPU meanwhile: {last['cpu_error']}"]
+    return []
 
 
 def _plan_line(resumed: dict[str, Any]) -> str:

@@ -29,7 +29,11 @@ that exist once a model is loaded (the imports, the server, the TUI) are never t
 again. Otherwise the tokens a request keeps until it ends push the collector into a full
 collection now and then, which walks every object of the process on the compute lane: 20 ms
 in a bare engine process, 35 ms with the server loaded — whole steps of every sequence.
-Closing an engine unfreezes, so what it leaves in reference cycles is still collected.
+Closing an engine unfreezes, so what it leaves in reference cycles is still collected; loading
+one collects before it freezes, or the cycles a closed engine left (its scheduler, batches,
+model header: ~1 MiB for the tiny demo model) would be frozen for good before any collection
+ran — what grew the RSS of a server that yields and resumes by ~1 MiB a cycle (issue #41,
+``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
@@ -218,6 +222,7 @@ class Engine(Closing):
             from homelab.engine.calibration import record_load
 
             record_load(engine.load_report, info, predicted)
+        gc.collect()  # first: garbage frozen with the rest would never be freed (above)
         gc.freeze()  # the heap of a loaded process is out of the collector's way (above)
         return engine
 

@@ -359,3 +359,12 @@ def reserve_host(hardware: Hardware, n_bytes: int, what: str) -> Hardware:
     shown = f"{RESERVED_NOTE_PREFIX} {format_gib(n_bytes)} for {what} (not planned)"
     devices = (replace(host, budget_bytes=budget, budget_note=note), *hardware.gpus)
     return replace(hardware, devices=devices, notes=(*hardware.notes, shown))
+
+
+def cpu_only(hardware: Hardware) -> Hardware:
+    """``hardware`` without its GPUs and RPC devices: a plan for the host alone (no layer
+    offloaded), e.g. to keep serving while the GPU is given to another program."""
+    from dataclasses import replace
+
+    note = "planning for the CPU only: the GPUs are left to other programs"
+    return replace(hardware, devices=(hardware.cpu,), source="cpu", notes=(*hardware.notes, note))

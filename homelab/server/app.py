@@ -258,7 +258,9 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health", responses={503: {"description": "the model is loading, or failed"}})
     async def health() -> JSONResponse:
         if state.yielding is not None and state.yielding.state != "serving":
-            return JSONResponse(_yield_fields(state.yielding) | {"status": state.yielding.state})
+            return JSONResponse(
+                _yield_fields(state.yielding) | {"status": state.yielding.shown_state()}
+            )
         if state.fleet is not None:  # several models: serving as soon as it listens
             loaded_models = [s.name for s in state.fleet.residents()]
             return JSONResponse({"status": "ok", "loaded": loaded_models})
@@ -413,9 +415,10 @@ def _yield_fields(yielding: YieldController | None) -> dict[str, Any]:
     if yielding is None:
         return {}
     report = yielding.status()
+    keys = ("state", "serving_from_cpu", "cause", "reason", "resumes")
     return {
-        "status": "yielded",
-        "yield": {k: report[k] for k in ("state", "cause", "reason", "resumes")},
+        "status": "yielded (serving from CPU)" if yielding.on_cpu else "yielded",
+        "yield": {k: report[k] for k in keys},
     }
 
 

@@ -56,10 +56,12 @@ def _yield_body(raw: bytes) -> tuple[bool, str]:
 
 
 def lifespan(controller: YieldController) -> Any:
-    """Starts the watcher with the server's event loop and stops it with the server."""
+    """Binds the controller to the server's event loop and starts the watcher with it; both
+    end with the server."""
 
     @contextlib.asynccontextmanager
     async def run(_app: FastAPI) -> AsyncIterator[None]:
+        controller.bind_loop(asyncio.get_running_loop())
         watcher = controller.watcher
         if watcher is not None:
             watcher.start()
@@ -68,5 +70,6 @@ def lifespan(controller: YieldController) -> Any:
         finally:
             if watcher is not None:
                 watcher.stop()
+            controller.bind_loop(None)
 
     return run

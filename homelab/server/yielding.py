@@ -13,11 +13,22 @@ it from the route). Resuming re-detects the hardware (the VRAM free *now*), re-p
 loads; each conversation's state comes back from the prompt cache on its next request (the
 prompt cache's lookup at admission), so that turn is a cache hit, not a prefill.
 
+With ``--yield-to-cpu`` (a residency whose ``serves_from_cpu`` is true) a yield other than
+``--sleep-after``'s then loads the model from a CPU-only plan and admits requests again
+(``yielded``, serving from the CPU); the resume drains those requests (the same grace
+period), closes the CPU engine — its slots go to the prompt cache too — and loads the GPU
+plan. When the CPU load or the resume fails, the server stays yielded on what it had.
+
 What is yielded and loaded again is a :class:`Residency`: the fleet's resident models
 (``yield_targets.FleetResidency``) or the one model of ``serve MODEL``
 (``yield_targets.SingleResidency``). A speculation draft and RPC connections belong to their
 engine: they go and come back with it. The triggers (another process's VRAM, a named process,
 idle time) live in :mod:`homelab.server.yield_watch`; this module is the state machine.
+
+It runs on its server's event loop (bound by the server's lifespan, :meth:`bind_loop`); the
+TUI, which also yields with no server running, calls it from its threads through
+:meth:`YieldController.call` and hears of every change (its own, or ``homelab yield``'s
+against its server) through :meth:`YieldController.subscribe`.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import anyio.to_thread
 import psutil
@@ -59,6 +70,7 @@ HISTORY = 32  # yields remembered for /admin/yield and the TUI
 
 GpuReader = Callable[[], "Sequence[GpuSnapshot]"]
 HardwareFn = Callable[[], "Hardware"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,11 @@ class Resumed:
 class Residency(Protocol):
     """What a yield unloads and a resume loads again (see ``yield_targets``)."""
 
+    @property
+    def serves_from_cpu(self) -> bool:
+        """Whether a yield loads a CPU-only plan to serve from meanwhile."""
+        ...
+
     def engines(self) -> list[Any]:
         """The engines serving now."""
         ...
@@ -92,6 +109,10 @@ class Residency(Protocol):
 
     async def reload(self, hardware: Hardware) -> list[Resumed]:
         """Plan the unloaded models for ``hardware`` and load them."""
+        ...
+
+    async def load_on_cpu(self, hardware: Hardware) -> list[Resumed]:
+        """Load the unloaded models from CPU-only plans for ``hardware``'s host."""
         ...
 
 
@@ -120,6 +141,10 @@ class YieldEvent:
     resume_s: float | None = None  # from the resume to the models loaded
     resumed: list[Resumed] = field(default_factory=list)
     resume_error: str | None = None
+    cpu_plans: list[Resumed] = field(default_factory=list)  # --yield-to-cpu: served meanwhile
+    cpu_load_s: float | None = None
+    cpu_error: str | None = None  # why the CPU plan could not be loaded
+    ended_on_resume: int = 0  # requests on the CPU plan still running after the grace period
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +178,7 @@ class YieldController:
         self.wait_s = wait_s
         self.clock = clock
         self.state: State = "serving"
+        self.on_cpu = False  # yielded, and serving from a CPU-only plan (--yield-to-cpu)
         self.current: YieldEvent | None = None  # the yield in force (or the last one)
         self.history: deque[YieldEvent] = deque(maxlen=HISTORY)
         self.counts: dict[str, int] = dict.fromkeys(CAUSES, 0)
@@ -160,6 +186,8 @@ class YieldController:
         self.in_flight = 0
         self.last_request = clock()
         self.watcher: Any = None  # the yield_watch.YieldWatcher, when triggers are on
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, while it serves
+        self._listeners: list[Callable[[], object]] = []
         self._yielded_at = 0.0
         self._lock: asyncio.Lock | None = None
         self._serving: asyncio.Event | None = None
@@ -173,7 +201,7 @@ class YieldController:
         response has ended (``fleet.LeaseRelease``)."""
         self.last_request = self.clock()
         deadline = self.clock() + self.wait_s
-        while self.state != "serving":
+        while not self._admits():
             if self.state == "yielded" and self._wakes_on_request():
                 self.spawn(self.resume("request"))
             left_s = deadline - self.clock()
@@ -191,6 +219,9 @@ class YieldController:
         self.last_request = self.clock()
         if self.in_flight == 0:
             self._drained_event().set()
+
+    def _admits(self) -> bool:
+        return self.state == "serving" or (self.state == "yielded" and self.on_cpu)
 
     def _wakes_on_request(self) -> bool:
         return self.current is not None and self.current.cause == "idle"
@@ -236,10 +267,44 @@ class YieldController:
                 self.counts[cause] = self.counts.get(cause, 0) + 1
                 self.history.append(event)
             log.info("yielded the GPU (%s) in %.2f s: %s", cause, event.yield_s, _freed(event))
+            if self.residency.serves_from_cpu and cause != "idle":
+                await self._serve_from_cpu(event)
+            self._changed()
             return event
 
+    async def _serve_from_cpu(self, event: YieldEvent) -> None:
+        """Load the CPU-only plans and admit requests again (``--yield-to-cpu``)."""
+        started = time.perf_counter()
+        try:
+            hardware = await anyio.to_thread.run_sync(self.hardware_fn)
+            event.cpu_plans = await self.residency.load_on_cpu(hardware)
+        except (HomelabError, ApiError, OSError) as exc:
+            event.cpu_error = str(exc)
+            log.warning("yielded, but cannot serve from the CPU meanwhile: %s", exc)
+            return
+        event.cpu_load_s, event.cpu_error = time.perf_counter() - started, None
+        self.on_cpu = True
+        self._serving_event().set()
+        log.info("serving from the CPU while yielded (loaded in %.2f s)", event.cpu_load_s)
+
+    async def _leave_cpu(self, event: YieldEvent) -> None:
+        """Before a resume: drain the requests on the CPU plan, close it (slots saved)."""
+        self.on_cpu = False
+        message = (
+            f"The server took its GPU back and ended this request, which ran on the CPU "
+            f"meanwhile, after the {self.grace_s:g} s grace period. Send it again: the "
+            f"conversation is cached."
+        )
+        event.ended_on_resume = await self._drain(message)
+        await self.residency.unload("resuming on the GPU")
+
     async def _free(self, event: YieldEvent) -> None:
-        await self._drain(event)
+        message = (
+            f"The server gave its GPU back ({event.reason}) and ended this request after the "
+            f"{self.grace_s:g} s grace period. Send it again: the conversation is cached and "
+            f"continues {self.resumes_when()}."
+        )
+        event.ended_requests = await self._drain(message)
         before = await anyio.to_thread.run_sync(self._reading)
         saved_before = self._cache_totals()
         planned = self.residency.planned_bytes()
@@ -257,23 +322,20 @@ class YieldController:
             }
             event.vram_freed_bytes = sum(event.vram_freed_by_gpu.values())
 
-    async def _drain(self, event: YieldEvent) -> None:
-        """Wait for the running requests (the grace period), then end those left."""
+    async def _drain(self, message: str) -> int:
+        """Wait for the running requests (the grace period), then end those left with
+        ``message``; how many were ended."""
         if await self._wait_drained(self.grace_s):
-            return
-        event.ended_requests = self.in_flight
-        message = (
-            f"The server gave its GPU back ({event.reason}) and ended this request after the "
-            f"{self.grace_s:g} s grace period. Send it again: the conversation is cached and "
-            f"continues {self.resumes_when()}."
-        )
+            return 0
+        ended = self.in_flight
         deadline = time.monotonic() + ENDED_WAIT_S
         while time.monotonic() < deadline:  # again: a request admitted before may submit late
             for engine in self.residency.engines():
                 if hasattr(engine, "end_requests"):
                     await anyio.to_thread.run_sync(_end_requests, engine, message)
             if await self._wait_drained(ENDED_POLL_S):
-                return
+                break
+        return ended
 
     async def _wait_drained(self, timeout_s: float) -> bool:
         if self.in_flight == 0:
@@ -292,14 +354,20 @@ class YieldController:
             if self.state != "yielded" or event is None:
                 return event
             self.state = "resuming"
+            self._serving_event().clear()  # (set while serving from the CPU)
             started = time.perf_counter()
             try:
+                if self.on_cpu:
+                    await self._leave_cpu(event)
                 hardware = await anyio.to_thread.run_sync(self.hardware_fn)
                 event.resumed = await self.residency.reload(hardware)
             except (HomelabError, ApiError, OSError) as exc:
                 event.resume_error = str(exc)
                 self.state = "yielded"
                 log.warning("resume (%s) failed, still yielded: %s", cause, exc)
+                if self.residency.serves_from_cpu and event.cause != "idle":
+                    await self._serve_from_cpu(event)
+                self._changed()
                 return event
             event.resume_s = time.perf_counter() - started
             event.yielded_s = self.clock() - self._yielded_at
@@ -308,6 +376,7 @@ class YieldController:
             self.state = "serving"
             self._serving_event().set()
             log.info("resumed (%s) in %.2f s after %.1f s", cause, event.resume_s, event.yielded_s)
+            self._changed()
             return event
 
     # --- reports ------------------------------------------------------------------------
@@ -318,6 +387,8 @@ class YieldController:
         holding = self.state != "serving"
         return {
             "state": self.state,
+            "shown": self.shown_state(),
+            "serving_from_cpu": self.on_cpu,
             "cause": event.cause if holding and event else None,
             "reason": event.reason if holding and event else None,
             "resumes": self.resumes_when() if holding else None,
@@ -329,6 +400,10 @@ class YieldController:
             "yielded_total_s": round(self.yielded_total_s, 3),
             "last": event.as_dict() if event is not None else None,
         }
+
+    def shown_state(self) -> str:
+        """The state in words: ``yielded (serving from CPU)`` with ``--yield-to-cpu``."""
+        return "yielded (serving from CPU)" if self.on_cpu else self.state
 
     def metrics_lines(self) -> str:
         """Prometheus lines: each yield by cause, time yielded, bytes saved and freed."""
@@ -367,9 +442,39 @@ class YieldController:
                 last.yield_s if last else 0.0,
             ),
             ("homelab_resume_last_seconds", "gauge", "How long the last resume took", resume_s),
+            (
+                "homelab_yield_serving_from_cpu",
+                "gauge",
+                "1 while yielded and serving from a CPU-only plan",
+                int(self.on_cpu),
+            ),
         ):
             lines += _metric(name, kind, what, [("", value)])
         return "\n".join(lines) + "\n"
+
+    # --- from other threads ---------------------------------------------------------------
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """The loop that runs this controller from now on (None: none). asyncio's locks and
+        events belong to one loop: they are made anew for it."""
+        self.loop = loop
+        self._lock = self._serving = self._drained = None
+
+    def call(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` (``yield_gpu(...)``, ``resume()``) from a thread that runs no
+        loop, blocking: on the server's loop while one serves, else on a loop of its own."""
+        if self.loop is not None:
+            return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+        self.bind_loop(None)
+        return asyncio.run(coroutine)
+
+    def subscribe(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` (from the loop's thread) after each yield and resume."""
+        self._listeners.append(callback)
+
+    def _changed(self) -> None:
+        for callback in self._listeners:
+            callback()
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -399,7 +504,7 @@ class YieldController:
     def _serving_event(self) -> asyncio.Event:
         if self._serving is None:
             self._serving = asyncio.Event()
-            if self.state == "serving":
+            if self._admits():
                 self._serving.set()
         return self._serving
 

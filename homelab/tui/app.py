@@ -9,8 +9,9 @@ server with it).
 
 Keys: the chat's prompt has the focus whenever the chat is on screen at start, so typed text
 reaches the model. Every action in the footer has a ctrl/F-key that works while typing; the
-single letters (m, l, s, k, c, p, r, q, ?) are shortcuts for when the focus is elsewhere
-(Esc leaves the prompt).
+single letters (m, l, s, y, k, c, p, r, q, ?) are shortcuts for when the focus is elsewhere
+(Esc leaves the prompt). ``ctrl+y`` / ``y`` gives the GPU back to another program and takes
+it again (the live panel's controller; not in the footer: see the help and the palette).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class HomelabApp(App[None]):
         Binding("ctrl+s", "toggle_server", "Server"),
         # ahead of the prompt's "cut", but only while an answer streams (see check_action)
         Binding("ctrl+x", "cancel_answer", "Cancel", show=False, priority=True),
+        Binding("ctrl+y", "toggle_yield", "Yield GPU", show=False),
         # single letters: when the focus is not in a text box
         Binding("q", "quit", "Quit", show=False),
         Binding("question_mark", "help", "Help", show=False),
@@ -102,6 +104,7 @@ class HomelabApp(App[None]):
         Binding("p", "cycle_knob('n_parallel')", "Slots", show=False),
         Binding("r", "refresh_hardware", "Re-detect", show=False),
         Binding("u", "unload", "Unload", show=False),
+        Binding("y", "toggle_yield", "Yield GPU", show=False),
     ]
 
     dashboard: Dashboard  # set once it is mounted
@@ -131,7 +134,10 @@ class HomelabApp(App[None]):
         budget = rpc_budget_bytes
         self.hardware = HardwareController(self, source, frozen=frozen, rpc=rpc, budget=budget)
         self.plans = PlanController(self, verify=verify_plans, rpc=rpc, rpc_budget_bytes=budget)
-        self.live = LiveController(self, self.plans, frozen=frozen, speculation=speculation)
+        loading = services.Loading(
+            source, speculation, services.open_prompt_cache(), rpc, rpc_budget_bytes
+        )
+        self.live = LiveController(self, self.plans, frozen=frozen, loading=loading)
         self.chat = ChatController(
             self, self.live, max_tokens=chat_max_tokens, temperature=chat_temperature, frozen=frozen
         )
@@ -176,7 +182,7 @@ class HomelabApp(App[None]):
 
     def set_choice(self, choice: ModelChoice) -> None:
         """Plan ``choice``; a different model than the loaded one unloads it."""
-        if self.live.engine is not None and self.plans.choice != choice:
+        if self.live.holds_model and self.plans.choice != choice:
             self.unload()
         self.plans.set_choice(choice)
 
@@ -219,15 +225,28 @@ class HomelabApp(App[None]):
     # --- loading and live numbers --------------------------------------------------------
 
     def action_toggle_load(self) -> None:
-        if self.live.engine is not None:
+        if self.live.holds_model:
             self.unload()
         else:
             self.live.load()
 
     def action_unload(self) -> None:
         """Unload the model (the server panel's unload: it stops the server serving it)."""
-        if self.live.engine is not None:
+        if self.live.holds_model:
             self.unload()
+
+    # --- giving the GPU back -------------------------------------------------------------
+
+    def action_toggle_yield(self) -> None:
+        """Give the GPU back (the answer being written is cancelled first), or take it again."""
+        if not self.live.yielded:
+            self.chat.cancel()
+        self.live.toggle_yield()
+
+    @while_running
+    def on_yield_changed(self) -> None:
+        self.live.yield_changed()
+        self.serving.show_models()
 
     def on_unload_requested(self) -> None:
         self.action_unload()
@@ -355,6 +374,11 @@ class HomelabApp(App[None]):
         )
         yield SystemCommand(
             "Start / stop the server", "OpenAI-compatible endpoint", self.action_toggle_server
+        )
+        yield SystemCommand(
+            "Yield the GPU / resume",
+            "Give the GPU to another program (conversations cached); again: take it back",
+            self.action_toggle_yield,
         )
         yield SystemCommand(
             "Cancel the answer", "Stop the answer being generated", self.action_cancel_answer

@@ -53,6 +53,8 @@ class PlanFailed(Message):
 class ModelLoaded(Message):
     engine: DashboardEngine
     load_s: float
+    choice: ModelChoice | None = None  # what was loaded, with which plan (a yield reloads it)
+    plan: Plan | None = None
 
 
 @dataclass
@@ -90,6 +92,12 @@ class ServerStarted(Message):
 @dataclass
 class ServerStopped(Message):
     pass
+
+
+@dataclass
+class YieldChanged(Message):
+    """The GPU was given back or taken again (by the dashboard, or ``homelab yield`` against
+    its server): the live panel reads the controller's state."""
 
 
 @dataclass

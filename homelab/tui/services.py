@@ -23,14 +23,19 @@ from homelab.units import format_size
 
 if TYPE_CHECKING:
     from homelab.engine.loader import LoadReport
+    from homelab.engine.prompt_cache.store import PromptCache
     from homelab.engine.speculation.config import SpeculationConfig
     from homelab.hardware.report import HardwareReport
     from homelab.hub.library import LocalModel
     from homelab.images.decoded import DecodedImage
     from homelab.models.ref import ModelRef
+    from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
     from homelab.planner.search import PlanRequest
     from homelab.server.middleware import RequestRecord
+    from homelab.server.runner import EngineHolder
+    from homelab.server.yielding import YieldController
+    from homelab.tui.hardware_source import HardwareSource
     from homelab.tui.protocols import AnswerStream, DashboardEngine, HttpServerHandle
 
 ModelKind = Literal["local", "catalogue", "hub", "demo"]
@@ -218,12 +223,18 @@ def plan_choice(
     Without ``verify`` this is pure arithmetic (milliseconds: knobs re-plan instantly); with
     it, a plan for a local file is confirmed by a llama.cpp dry run (a second or so).
     """
-    from homelab.models.mmproj import with_projector
     from homelab.planner.budget import hardware_from_report, with_workers
+
+    hardware = with_workers(hardware_from_report(report), rpc, rpc_budget_bytes)
+    return plan_for(choice, hardware, knobs, verify=verify)
+
+
+def plan_for(choice: ModelChoice, hardware: Hardware, knobs: Knobs, *, verify: bool) -> Plan:
+    """Plan ``choice`` for ``hardware`` with the user's knobs (and the mmproj beside it)."""
+    from homelab.models.mmproj import with_projector
     from homelab.planner.plan import plan_model
 
     variants = choice.model.variants()
-    hardware = with_workers(hardware_from_report(report), rpc, rpc_budget_bytes)
     request = with_projector(plan_request(knobs), variants[0])  # the mmproj beside the file
     return plan_model(variants, hardware, request, verify=verify)
 
@@ -336,15 +347,20 @@ CHAT_TEMPERATURE = DEFAULT_TEMPERATURE  # `homelab tui --temperature`; 0 = greed
 
 
 def load_engine(
-    choice: ModelChoice, plan: Plan, speculation: SpeculationConfig | None = None
+    choice: ModelChoice,
+    plan: Plan,
+    speculation: SpeculationConfig | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> DashboardEngine:
     """Load the file ``plan`` was made for (``choice``'s, or the sibling quant the planner
     picked) with the plan's settings, the plan's memory prediction going into the calibration
     record (blocking: seconds for a big model); ``speculation`` (``--spec`` / ``--draft``)
-    goes to the engine as ``homelab run`` passes it."""
+    goes to the engine as ``homelab run`` passes it; its slots' states go to ``prompt_cache``
+    when it closes (a yield) and come back from it."""
     from homelab.models.launch import Overrides, load_plan
 
-    return load_plan(choice.model, plan, Overrides(speculation=speculation))
+    overrides = Overrides(speculation=speculation)
+    return load_plan(choice.model, plan, overrides, prompt_cache=prompt_cache)
 
 
 def load_report(engine: DashboardEngine) -> LoadReport | None:
@@ -476,14 +492,18 @@ def _chat_prompt(engine: DashboardEngine, turns: list[dict[str, str]]) -> str:
 
 
 def start_server(
-    engine: DashboardEngine,
+    holder: EngineHolder,
+    name: str,
     host: str,
     port: int,
     *,
     on_request: Callable[[RequestRecord], None],
+    yielding: YieldController | None = None,
 ) -> RunningServer:
-    """Serve ``engine`` on ``host:port`` in a background thread; ``on_request`` gets each
-    finished request's record (status, tenant, tokens — never prompt text).
+    """Serve ``holder``'s engine as ``name`` on ``host:port`` in a background thread;
+    ``on_request`` gets each finished request's record (status, tenant, tokens — never prompt
+    text). With ``yielding`` its requests wait while the GPU is given back (then 503), and
+    ``homelab yield`` / ``resume`` reach it (``/admin/yield``).
 
     API keys are on when the keys file exists (``homelab serve --new-key`` creates it).
     """
@@ -493,8 +513,8 @@ def start_server(
 
     keys_path = default_keys_path()
     keys = load_keys(keys_path) if keys_path.exists() else None
-    config = ServerConfig(model_id=served_name(engine), keys=keys)
-    handle = run_server(engine, host, port, config)
+    config = ServerConfig(model_id=name, keys=keys)
+    handle = run_server(holder, host, port, config, yielding=yielding)
     handle.subscribe(on_request)
     return RunningServer(handle, keys_on=keys is not None)
 
@@ -547,3 +567,73 @@ def server_url(server: RunningServer) -> str:
 
 def keys_on(server: RunningServer) -> bool:
     return server.keys_on
+
+
+# --- giving the GPU back ---------------------------------------------------------------------
+
+PROMPT_CACHE_RAM_BYTES = 256 * 1024 * 1024  # RAM only; beside a model's plan, not in it
+YIELD_REASON = "asked from the dashboard"
+
+
+def open_prompt_cache() -> PromptCache:
+    """The dashboard's prompt cache: what a yield saves of its chat and its server's clients
+    comes back on resume (and a conversation's longer prefix at any admission)."""
+    from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
+
+    return PromptCache(CacheConfig(PROMPT_CACHE_RAM_BYTES, 0, None))
+
+
+def engine_holder() -> EngineHolder:
+    """Where the loaded engine lives for the server and the yield controller (None: none)."""
+    from homelab.server.runner import EngineHolder
+
+    return EngineHolder()
+
+
+def yield_or_resume(controller: YieldController) -> None:
+    """Give the GPU back while serving, else take it again (blocking: drains, saves, loads)."""
+    if controller.state == "serving":
+        controller.call(controller.yield_gpu("asked", YIELD_REASON))
+    else:
+        controller.call(controller.resume())
+
+
+@dataclass(frozen=True)
+class Loading:
+    """How the dashboard loads a model: what a resume needs to load it again."""
+
+    source: HardwareSource
+    speculation: SpeculationConfig | None
+    prompt_cache: PromptCache | None
+    rpc: tuple[str, ...] = ()
+    rpc_budget_bytes: int | None = None
+
+
+def yield_controller(
+    holder: EngineHolder, choice: ModelChoice, plan: Plan, knobs: Knobs, loading: Loading
+) -> YieldController:
+    """Yield and resume ``holder``'s engine (``choice`` loaded with ``plan``): the engine is
+    closed (its slots saved) on yield; a resume re-detects the hardware, re-plans ``choice``
+    with ``knobs`` for the VRAM free then and loads it. Blocking calls go through
+    :meth:`YieldController.call`."""
+    from homelab.planner.budget import hardware_from_report, with_workers
+    from homelab.server.yield_targets import SingleResidency
+    from homelab.server.yielding import YieldController
+
+    def hardware_now() -> Hardware:
+        report = loading.source.detect()
+        return with_workers(hardware_from_report(report), loading.rpc, loading.rpc_budget_bytes)
+
+    def plan_now(hardware: Hardware) -> Plan:
+        return plan_for(choice, hardware, knobs, verify=True)
+
+    def load(planned: Plan) -> DashboardEngine:
+        return load_engine(choice, planned, loading.speculation, loading.prompt_cache)
+
+    residency = SingleResidency(holder, choice.label, plan, plan_now, load)
+    return YieldController(
+        residency,
+        hardware_now,
+        gpus=lambda: loading.source.sample().gpus,
+        prompt_cache=loading.prompt_cache,
+    )

@@ -64,6 +64,10 @@ class ChatController:
         if self.answer is not None:
             self.app.notify("Wait for the answer, or cancel it with Esc.", title="Still answering")
             return
+        if self.live.yielded:  # never take the GPU back unasked: the prompt waits in its box
+            self.panel.prompt.value = prompt
+            await self.panel.add_note(f"{self.live.yield_hint()}; then send it again.")
+            return
         engine = self.live.engine
         if engine is None:
             self.pending_prompt = prompt

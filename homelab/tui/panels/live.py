@@ -5,10 +5,18 @@ joining the engine's thread) too, and a new load waits until the old model's mem
 Actions that need a model (a prompt, the server) queue here and run once it is loaded.
 Metrics arrive from the engine's own thread through a :class:`Coalescer`: one UI message at
 a time, whatever the token rate.
+
+A loaded model can give its GPU back (``y``): the yield controller of ``homelab serve``
+(:mod:`homelab.server.yielding`, one per load, made by ``services.yield_controller``) closes
+the engine — its slots saved in the dashboard's prompt cache — and a second ``y`` re-plans for
+the VRAM free then and loads it again. The engine lives in ``holder``, which the server
+serves from; every change (also ``homelab yield`` against the dashboard's server) arrives as
+a :class:`YieldChanged`, and :meth:`yield_changed` follows the engine it leaves.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
@@ -18,7 +26,13 @@ from typing import TYPE_CHECKING
 from homelab.errors import HomelabError
 from homelab.tui import services
 from homelab.tui.handoff import Coalescer
-from homelab.tui.messages import MetricsUpdated, ModelLoaded, ModelUnloaded, TaskFailed
+from homelab.tui.messages import (
+    MetricsUpdated,
+    ModelLoaded,
+    ModelUnloaded,
+    TaskFailed,
+    YieldChanged,
+)
 from homelab.tui.panels import busy, in_thread
 from homelab.tui.screens.error import ErrorScreen
 
@@ -27,11 +41,11 @@ if TYPE_CHECKING:
 
     from homelab.engine.api import EngineMetrics
     from homelab.engine.loader import LoadReport
-    from homelab.engine.speculation.config import SpeculationConfig
     from homelab.planner.plan import Plan
+    from homelab.server.yielding import YieldController
     from homelab.tui.panels.plan import PlanController
     from homelab.tui.protocols import AnswerStream, DashboardEngine, ServerLike
-    from homelab.tui.services import ModelChoice
+    from homelab.tui.services import Loading, ModelChoice
     from homelab.tui.widgets.live import LivePanel
 
 METRICS_INTERVAL_S = 0.25
@@ -50,13 +64,16 @@ class LiveController:
         plans: PlanController,
         *,
         frozen: bool,
-        speculation: SpeculationConfig | None = None,
+        loading: Loading,
     ) -> None:
         self.app = app
         self.plans = plans  # what to load: the chosen model and its current plan
         self.frozen = frozen
-        self.speculation = speculation  # --spec / --draft: how every load speculates
+        self.loading = loading  # --spec / --draft, the prompt cache: how every load is made
         self.engine: DashboardEngine | None = None
+        self.holder = services.engine_holder()  # the engine the server serves (None: yielded)
+        self.yielding: YieldController | None = None  # the loaded model's yield and resume
+        self.served_name = "model"  # the id the server answers to (the loaded file's stem)
         self.load_report: LoadReport | None = None
         self.metrics: Coalescer[EngineMetrics] = Coalescer(
             lambda: app.post_message(MetricsUpdated())
@@ -71,12 +88,25 @@ class LiveController:
         self.panel = panel
 
     @property
-    def loading(self) -> bool:
+    def is_loading(self) -> bool:
         return busy(self.app, "load")
+
+    @property
+    def yielded(self) -> bool:
+        """The loaded model has given its GPU back (or is giving it, or taking it again)."""
+        return self.yielding is not None and self.yielding.state != "serving"
+
+    @property
+    def holds_model(self) -> bool:
+        """A model is loaded, or yielded and waiting to be resumed."""
+        return self.engine is not None or self.yielded
 
     # --- loading -------------------------------------------------------------------------
 
     def load(self) -> None:
+        if self.yielded:
+            self.app.notify(self.yield_hint(), title="The GPU is given back")
+            return
         choice, plan = self.plans.choice, self.plans.plan
         if choice is None or plan is None:
             if self._after_load:  # a prompt is waiting: load as soon as there is a plan
@@ -91,7 +121,7 @@ class LiveController:
             )
             self.app.push_screen(ErrorScreen("loading", not_here))
             return
-        if self.loading:
+        if self.is_loading:
             return
         self.panel.show_state(f"Loading {choice.label}…")
         in_thread(self.app, lambda: self._load(choice, plan), name="load_model", group="load")
@@ -106,25 +136,30 @@ class LiveController:
         """Run ``action`` once a model is loaded, loading one now if needed."""
         if action not in self._after_load:
             self._after_load.append(action)
-        if not self.loading:
+        if not self.is_loading:
             self.load()
 
     def _load(self, choice: ModelChoice, plan: Plan) -> None:
         self._released.wait(RELEASE_WAIT_S)  # the previous model's memory must be free first
         started = time.perf_counter()
+        loading = self.loading
         try:
-            engine = services.load_engine(choice, plan, self.speculation)
+            engine = services.load_engine(choice, plan, loading.speculation, loading.prompt_cache)
         except HomelabError as error:
             self.app.post_message(TaskFailed(LOADING, error, modal=True))
         else:
-            self.app.post_message(ModelLoaded(engine, time.perf_counter() - started))
+            took_s = time.perf_counter() - started
+            self.app.post_message(ModelLoaded(engine, took_s, choice, plan))
 
     async def loaded(self, message: ModelLoaded) -> None:
-        self.engine = message.engine
-        self.load_report = services.load_report(message.engine)
-        self._unsubscribe = message.engine.subscribe(self.metrics.put, METRICS_INTERVAL_S)
+        self._follow(message.engine)
+        choice = message.choice or self.plans.choice
+        if choice is not None and message.plan is not None:
+            self.yielding = services.yield_controller(
+                self.holder, choice, message.plan, self.plans.knobs, self.loading
+            )
+            self.yielding.subscribe(lambda: self.app.post_message(YieldChanged()))
         load_s = "–" if self.frozen else f"{message.load_s:.1f} s"
-        choice = self.plans.choice
         self.panel.show_state(services.loaded_line(choice, self.load_report, load_s))
         self.plans.refresh_view()
         self.app.notify(f"{choice.label if choice else 'model'} is ready.", title="Loaded")
@@ -147,7 +182,7 @@ class LiveController:
         for)."""
         engine = self.engine
         self._stop_metrics()
-        self.engine = self.load_report = None
+        self.engine = self.load_report = self.holder.engine = self.yielding = None
         self._released.clear()
         in_thread(
             self.app,
@@ -178,11 +213,65 @@ class LiveController:
         self.panel.show_unloaded()
 
     def close(self) -> None:
-        """The app is closing: free the engine here and now."""
+        """The app is closing: free the engine (and the prompt cache) here and now."""
         self._stop_metrics()
         if self.engine is not None:
             self.engine.close()
-            self.engine = None
+            self.engine = self.holder.engine = None
+        if self.loading.prompt_cache is not None:
+            self.loading.prompt_cache.close()
+
+    # --- giving the GPU back -------------------------------------------------------------
+
+    def toggle_yield(self) -> None:
+        """Give the GPU back, or take it again (re-planned for the VRAM free now)."""
+        controller = self.yielding
+        if controller is None:
+            self.app.notify("Load a model first.", title="Nothing to give back")
+            return
+        if busy(self.app, "yield"):
+            return
+        giving = controller.state == "serving"
+        if giving:
+            self._stop_metrics()
+        self.panel.show_state("Giving the GPU back…" if giving else "Taking the GPU again…")
+        work = functools.partial(services.yield_or_resume, controller)
+        in_thread(self.app, work, name="yield_gpu", group="yield")
+
+    def yield_changed(self) -> None:
+        """Follow the engine a yield closed or a resume loaded; show the state and history."""
+        controller = self.yielding
+        if controller is None:
+            return
+        if self.holder.engine is not self.engine:
+            self._follow(self.holder.engine)  # type: ignore[arg-type]
+        self.panel.show_yields(list(controller.history), frozen=self.frozen)
+        event = controller.current
+        if self.yielded:
+            self.panel.show_yielded(self.yield_hint())
+            if event is not None and event.resume_error:
+                self.app.notify(event.resume_error, title="Still yielded", severity="error")
+            return
+        resume_s = event.resume_s if event is not None and event.resume_s is not None else 0.0
+        took = "–" if self.frozen else f"{resume_s:.1f} s (resumed)"
+        self.panel.show_state(services.loaded_line(self.plans.choice, self.load_report, took))
+        plan = getattr(controller.residency, "plan", None)
+        if plan is not None:
+            self.plans.adopt(plan)
+
+    def yield_hint(self) -> str:
+        status = self.yielding.status() if self.yielding is not None else {}
+        reason = status.get("reason") or "asked"
+        return f"yielded: {reason} — the GPU is free for other programs; y (ctrl+y) resumes"
+
+    def _follow(self, engine: DashboardEngine | None) -> None:
+        """Show ``engine`` (None: none is loaded) and take its metrics."""
+        self._stop_metrics()
+        self.engine = self.holder.engine = engine
+        self.load_report = services.load_report(engine) if engine is not None else None
+        if engine is not None:
+            self.served_name = services.served_name(engine)
+            self._unsubscribe = engine.subscribe(self.metrics.put, METRICS_INTERVAL_S)
 
     def _stop_metrics(self) -> None:
         if self._unsubscribe is not None:

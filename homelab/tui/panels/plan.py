@@ -157,6 +157,12 @@ class PlanController:
         self.plan = None
         await self.panel.show_failure(message.error.title, str(message.error))
 
+    def adopt(self, plan: Plan) -> None:
+        """Show ``plan``, the one the model was loaded with again (a resume re-plans for the
+        VRAM free then: maybe fewer layers on the GPU)."""
+        self.generation += 1
+        self.app.post_message(PlanComputed(plan, self.generation))
+
     def refresh_view(self) -> None:
         """Show the current plan again (after a load: predicted next to actual)."""
         if self.plan is not None:

@@ -1,7 +1,9 @@
 """The server panel's controller: serve the loaded model over HTTP, stop it, show its log.
 
-Starting a server needs a model: without one it loads first. The request log arrives from
-the server's thread through an :class:`Inbox` (status, tenant, tokens — never prompt text).
+Starting a server needs a model: without one it loads first (a model whose GPU is given back
+is served as ``homelab serve`` serves it while yielded: requests wait for the resume, then get
+a 503). The request log arrives from the server's thread through an :class:`Inbox` (status,
+tenant, tokens — never prompt text).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
 
     from homelab.server.middleware import RequestRecord
     from homelab.tui.panels.live import LiveController
-    from homelab.tui.protocols import DashboardEngine, ServerLike
+    from homelab.tui.protocols import ServerLike
     from homelab.tui.screens.dashboard import Dashboard
     from homelab.tui.widgets.server import ServerPanel
 
@@ -50,22 +52,29 @@ class ServerController:
             return
         self.dashboard.show_panel("server")
         engine = self.live.engine
-        if engine is None:
+        if engine is None and not self.live.yielded:
             self.panel.show_starting("loading the model first…")
             self.live.after_load(self.toggle)
             return
         self.panel.show_starting("starting…")
-        in_thread(self.app, lambda: self._start(engine), name="start_server", group="server")
+        name = self.live.served_name
+        in_thread(self.app, lambda: self._start(name), name="start_server", group="server")
 
     def forget(self) -> ServerLike | None:
         """Hand over the running server (to stop it) and forget it."""
         server, self.server = self.server, None
         return server
 
-    def _start(self, engine: DashboardEngine) -> None:
+    def _start(self, name: str) -> None:
+        live = self.live
         try:
             server = services.start_server(
-                engine, self.host, self.port, on_request=self._request_logged
+                live.holder,
+                name,
+                self.host,
+                self.port,
+                on_request=self._request_logged,
+                yielding=live.yielding,
             )
         except HomelabError as error:
             self.app.post_message(TaskFailed("starting the server", error, modal=True))
@@ -92,6 +101,8 @@ class ServerController:
         engine = self.live.engine
         if self.server is not None and engine is not None:
             self.panel.show_models(services.served_models(engine, self.live.plans.plan))
+        elif self.server is not None and self.live.yielded:
+            self.panel.show_yielded(self.live.served_name, self.live.yield_hint())
 
     def show_stopped(self) -> None:
         self.panel.show_stopped()

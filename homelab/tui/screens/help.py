@@ -28,7 +28,10 @@ Runs a large language model on this machine with llama.cpp: it **plans** how the
   f16, q8_0 or q4_0 KV cache.
 - **Live run** — decode and prefill tokens/s, time to first token, slots, queue, KV cells;
   with speculative decoding (`--spec ngram`, `--draft MODEL`) the share of drafted tokens
-  accepted and the tokens each target step yields.
+  accepted and the tokens each target step yields. `ctrl+y` gives the GPU back: the model is
+  closed, its conversations kept in the prompt cache; again, it is re-planned for the VRAM
+  free then and loaded. The panel shows why, and each yield's cause, time, bytes freed and
+  saved, time to resume; the server, if running, holds its requests meanwhile (then 503).
 - **Chat** — type a prompt, Enter sends it, Esc (or ctrl+x) cancels the answer. Whenever the
   chat is on screen at start, or its page is opened, the prompt has the focus: what you type
   goes to the model. Esc leaves the box. `/image PATH` attaches an image to the next prompt
@@ -46,6 +49,7 @@ These work anywhere, also while you type in the prompt:
 | `ctrl+o` | pick a model (local files, catalogue, demo) |
 | `ctrl+l` | load the planned model (again: unload) |
 | `ctrl+s` | start / stop the server |
+| `ctrl+y` | give the GPU back to a game or ComfyUI (chats kept); again: take it back |
 | `ctrl+x` (in the prompt: `esc` too) | cancel the answer being generated |
 | `ctrl+p` | command palette (every action) |
 | `F1` | this help |
@@ -55,7 +59,7 @@ Outside the prompt (after Esc), single letters work too:
 
 | key | action |
 |-----|--------|
-| `m` / `l` / `s` | pick a model / load / server, as above |
+| `m` / `l` / `s` / `y` | pick a model / load / server / yield the GPU, as above |
 | `i` | write a prompt |
 | `k` / `c` / `p` | cycle KV type / context / slots |
 | `r` | re-detect the hardware |

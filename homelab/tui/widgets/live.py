@@ -1,9 +1,13 @@
-"""The Live run panel: decode/prefill tok/s with sparklines, TTFT, slots, queue, KV cells."""
+"""The Live run panel: decode/prefill tok/s with sparklines, TTFT, slots, queue, KV cells;
+and each time the GPU was given back (cause, time to yield, bytes freed and saved, time to
+resume)."""
 
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
@@ -11,6 +15,10 @@ from textual.widgets import Sparkline, Static
 from homelab.engine.api import EngineMetrics
 from homelab.tui.format import HIDDEN, rate, seconds
 from homelab.tui.widgets.bars import LIGHT_SHADE, Segment, StackedBar
+from homelab.units import format_size
+
+if TYPE_CHECKING:
+    from homelab.server.yielding import YieldEvent
 
 HISTORY_POINTS = 60
 NOT_LOADED = (
@@ -18,6 +26,7 @@ NOT_LOADED = (
 )
 KV_USED_STYLE = "#af87ff"
 KV_FREE_STYLE = "#4e4e4e"
+YIELDS_SHOWN = 3  # the last yields listed under the numbers
 
 
 class RateView(Horizontal):
@@ -60,6 +69,8 @@ class LivePanel(Vertical):
     LivePanel.-running .metric { display: block; }
     LivePanel #live-spec { height: 1; display: none; }
     LivePanel.-running.-speculating #live-spec { display: block; }
+    LivePanel #live-yields { height: auto; color: $text-muted; display: none; }
+    LivePanel.-yielded-before #live-yields { display: block; }
     """
 
     def __init__(self, **kwargs: object) -> None:
@@ -73,6 +84,7 @@ class LivePanel(Vertical):
         self.kv_line = Static(id="live-kv", classes="metric")
         self.kv_bar = StackedBar(id="kv-bar", classes="metric")
         self.spec_line = Static(id="live-spec")  # only while the engine speculates
+        self.yields = Static(id="live-yields")  # empty until the GPU is first given back
 
     def compose(self) -> ComposeResult:
         yield self.state
@@ -82,6 +94,7 @@ class LivePanel(Vertical):
         yield self.spec_line
         yield self.kv_line
         yield self.kv_bar
+        yield self.yields
 
     def show_state(self, text: str) -> None:
         self.state.update(text)
@@ -90,6 +103,17 @@ class LivePanel(Vertical):
         self.latest = None
         self.remove_class("-running", "-speculating")
         self.show_state(NOT_LOADED)
+
+    def show_yielded(self, text: str) -> None:
+        """The GPU is given back: no numbers, the state and what resumes."""
+        self.latest = None
+        self.remove_class("-running", "-speculating")
+        self.show_state(f"[b $warning]{escape(text)}[/]")
+
+    def show_yields(self, events: list[YieldEvent], *, frozen: bool) -> None:
+        lines = [yield_text(event, frozen=frozen) for event in events[-YIELDS_SHOWN:]]
+        self.yields.update("\n".join(lines))
+        self.set_class(bool(lines), "-yielded-before")
 
     def show_metrics(self, metrics: EngineMetrics, *, frozen: bool) -> None:
         self.latest = metrics
@@ -142,3 +166,27 @@ def counts_text(metrics: EngineMetrics, *, frozen: bool) -> str:
         f"[b]queue[/b] {metrics.queue_depth} · [b]requests[/b] {metrics.requests_total}"
         + (f" [dim]({finished})[/]" if finished else "")
     )
+
+
+def yield_text(event: YieldEvent, *, frozen: bool) -> str:
+    """ "yield (asked): 0.03 s · freed 36.5 MiB planned, RSS 36.5 MiB, VRAM n/a · 2 states
+    saved (1.2 MiB) · yielded 12.0 s · resumed in 0.7 s"."""
+    vram = "n/a" if event.vram_freed_bytes is None else format_size(event.vram_freed_bytes)
+    rss = HIDDEN if frozen else format_size(event.rss_freed_bytes)
+    saved = f"{event.saved_states} states saved ({format_size(event.saved_bytes)})"
+    text = (
+        f"[b]yield[/b] ({escape(event.cause)}): {_took(event.yield_s, frozen)} · freed "
+        f"{format_size(event.planned_bytes)} planned, RSS {rss}, VRAM {vram} · {saved}"
+    )
+    if event.resume_s is not None and event.yielded_s is not None:
+        text += (
+            f" · yielded {_took(event.yielded_s, frozen)} · resumed in "
+            f"{_took(event.resume_s, frozen)}"
+        )
+    elif event.resume_error:
+        text += f" · [b $error]resume failed:[/] {escape(event.resume_error)}"
+    return text
+
+
+def _took(value_s: float, frozen: bool) -> str:
+    return HIDDEN if frozen else f"{value_s:.2f} s"

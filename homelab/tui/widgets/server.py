@@ -73,6 +73,10 @@ class ServerPanel(Vertical):
         """The models the running server has loaded, with planned and allocated memory."""
         self.served_list.update("\n".join(served_text(model) for model in models))
 
+    def show_yielded(self, name: str, text: str) -> None:
+        """The model the server serves has given its GPU back: requests wait, then 503."""
+        self.served_list.update(f"[b $warning]yielded[/] {escape(name)} · {escape(text)}")
+
     def show_starting(self, text: str) -> None:
         self.status.update(f"[dim]{escape(text)}[/]")
 
