@@ -58,20 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_model(parser, optional=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT})")
-    parser.add_argument(
-        "--api-key-file", type=Path, help="keys file (default: config dir keys.toml)"
-    )
-    parser.add_argument(
-        "--new-key", metavar="TENANT", help="add an API key for TENANT, print it, exit"
-    )
-    parser.add_argument(
-        "--admin", action="store_true", help="with --new-key: the tenant may read /metrics"
-    )
-    parser.add_argument(
-        "--remove-keys",
-        metavar="TENANT",
-        help="remove every API key of TENANT (and its prompt states, stored responses), exit",
-    )
+    _add_key_flags(parser)
     parser.add_argument("--model-id", help="the model name clients use (default: the file name)")
     parser.add_argument(
         "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="request body cap (32 MiB)"
@@ -160,6 +147,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prompt_cache_cli.add_flags(parser)
     yield_flags.add_flags(parser)
     parser.set_defaults(goal=None)  # resolved in run(): one model or several (FLEET_GOAL)
+
+
+def _add_key_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key-file", type=Path, help="keys file (default: config dir keys.toml)"
+    )
+    parser.add_argument(
+        "--new-key", metavar="TENANT", help="add an API key for TENANT, print it, exit"
+    )
+    parser.add_argument(
+        "--admin", action="store_true", help="with --new-key: the tenant may read /metrics"
+    )
+    parser.add_argument(
+        "--remove-keys",
+        metavar="TENANT",
+        help="remove every API key of TENANT (and its prompt states, stored responses), exit",
+    )
 
 
 def _add_stored_response_flags(parser: argparse.ArgumentParser) -> None:
