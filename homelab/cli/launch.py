@@ -114,10 +114,9 @@ def _running_endpoint(args: argparse.Namespace, url: str) -> Endpoint:
     key = args.api_key or os.environ.get("HOMELAB_API_KEY") or (LOCAL_TOKEN if keyless else None)
     if key is None:
         raise ConfigError(
-            f"the server at {url} wants an API key, and a new one would not work: it read its "
-            "keys when it started.",
+            f"the server at {url} wants an API key.",
             hint="Pass --api-key KEY (or HOMELAB_API_KEY), e.g. one from `homelab serve "
-            "--new-key TENANT` before the server started.",
+            "--new-key TENANT` (a running server reads the keys added to its keys file).",
         )
     model = _served_model(url, key, args.model)
     context = _context(url, key, model)

@@ -9,7 +9,10 @@ is given: the longest context that fits would leave no room for a second model.
 Listens on 127.0.0.1:8080 by default. Binding any other address needs API keys: when the
 keys file (``config_dir()/keys.toml`` or ``--api-key-file``) does not exist yet, one key is
 generated, its hash stored (mode 0600) and the key printed once. ``--new-key TENANT`` adds a
-key for a tenant and exits.
+key for a tenant and exits; ``--remove-keys TENANT`` removes every key of a tenant, and with
+them what is kept for it (a running server re-reads the keys file and deletes its slots,
+prompt states and stored responses; with none running, its states in the data folder go).
+A name given a key again is a new identity: nothing of the old holder's is found.
 
 MODEL is any form ``homelab plan`` takes that has a file on this machine. It is resolved and
 planned like ``homelab plan`` (the same flags) before anything is announced, so a missing
@@ -38,7 +41,7 @@ if TYPE_CHECKING:
     from homelab.models.ref import ModelRef
     from homelab.planner.budget import Hardware
     from homelab.planner.plan import Plan
-    from homelab.server.auth import KeyRing
+    from homelab.server.auth import KeyFile
     from homelab.server.config import ServerConfig
     from homelab.server.fleet import Fleet, Servable
     from homelab.server.runner import EngineHolder
@@ -55,15 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     flags.add_model(parser, optional=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port ({DEFAULT_PORT})")
-    parser.add_argument(
-        "--api-key-file", type=Path, help="keys file (default: config dir keys.toml)"
-    )
-    parser.add_argument(
-        "--new-key", metavar="TENANT", help="add an API key for TENANT, print it, exit"
-    )
-    parser.add_argument(
-        "--admin", action="store_true", help="with --new-key: the tenant may read /metrics"
-    )
+    _add_key_flags(parser)
     parser.add_argument("--model-id", help="the model name clients use (default: the file name)")
     parser.add_argument(
         "--max-body-bytes", type=int, default=32 * 1024 * 1024, help="request body cap (32 MiB)"
@@ -86,6 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--default-max-tokens", type=int, default=2048, help="chat max_tokens when unset"
     )
+    _add_stored_response_flags(parser)
     parser.add_argument("--cors-origin", action="append", default=[], help="allowed browser origin")
     parser.add_argument("--log-prompts", action="store_true", help="log prompts and outputs (off)")
     parser.add_argument(
@@ -153,6 +149,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(goal=None)  # resolved in run(): one model or several (FLEET_GOAL)
 
 
+def _add_key_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key-file", type=Path, help="keys file (default: config dir keys.toml)"
+    )
+    parser.add_argument(
+        "--new-key", metavar="TENANT", help="add an API key for TENANT, print it, exit"
+    )
+    parser.add_argument(
+        "--admin", action="store_true", help="with --new-key: the tenant may read /metrics"
+    )
+    parser.add_argument(
+        "--remove-keys",
+        metavar="TENANT",
+        help="remove every API key of TENANT (and its prompt states, stored responses), exit",
+    )
+
+
+def _add_stored_response_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("stored responses (the Responses API's store)")
+    group.add_argument(
+        "--stored-responses", type=int, default=256, metavar="N", help="kept at most (256)"
+    )
+    group.add_argument(
+        "--stored-responses-mib", type=int, default=64, metavar="MIB", help="their JSON (64)"
+    )
+    group.add_argument(
+        "--stored-responses-tenant-share",
+        type=float,
+        default=0.25,
+        metavar="FRACTION",
+        help="each tenant's share of both: when the store is full, the tenant most over its "
+        "share loses its oldest (0.25)",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from homelab.errors import ConfigError
     from homelab.server.auth import add_key, default_keys_path
@@ -162,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
         key = add_key(keys_path, args.new_key, admin=args.admin)
         _announce_key(args, keys_path, args.new_key, key)
         return 0
+    if args.remove_keys:
+        return _remove_keys(args, keys_path)
     if args.model and args.models:
         raise ConfigError("give a MODEL or --models, not both.")
     if not args.model and (args.spec or args.draft):
@@ -384,7 +417,7 @@ def _announce_fleet(
     print("`homelab ps` shows what is loaded.", flush=True)
 
 
-def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) -> ServerConfig:
+def _config(args: argparse.Namespace, model_path: Path, keys: KeyFile | None) -> ServerConfig:
     from homelab.locations import config_dir
     from homelab.server.config import (
         SERVE_FILE_NAME,
@@ -393,6 +426,7 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) ->
         read_serve_file,
     )
     from homelab.server.history import DEFAULT_VOLATILE_PATTERNS
+    from homelab.units import MIB
 
     file = read_serve_file(args.config or config_dir() / SERVE_FILE_NAME)
     aliases = tuple(parse_alias(a) for a in args.alias) + file.aliases  # flags match first
@@ -414,6 +448,9 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyRing | None) ->
         cors_origins=tuple(args.cors_origin),
         reasoning_format=args.reasoning_format,
         enable_thinking=False if args.no_think else None,
+        stored_responses=args.stored_responses,
+        stored_response_bytes=args.stored_responses_mib * MIB,
+        stored_response_tenant_share=args.stored_responses_tenant_share,
     )
 
 
@@ -455,13 +492,14 @@ def _load(
     )
 
 
-def _keys_for(args: argparse.Namespace, keys_path: Path) -> tuple[KeyRing | None, str | None]:
-    """The key ring (None: no auth, loopback only) and a key generated just now, if any."""
-    from homelab.server.auth import add_key, load_keys
+def _keys_for(args: argparse.Namespace, keys_path: Path) -> tuple[KeyFile | None, str | None]:
+    """The keys file, re-read when it changes (None: no auth, loopback only), and a key
+    generated just now, if any."""
+    from homelab.server.auth import KeyFile, add_key
     from homelab.server.config import is_loopback
 
     if keys_path.exists():
-        return load_keys(keys_path), None
+        return KeyFile(keys_path), None
     if args.api_key_file is not None:
         from homelab.errors import ConfigError
 
@@ -471,7 +509,28 @@ def _keys_for(args: argparse.Namespace, keys_path: Path) -> tuple[KeyRing | None
     if is_loopback(args.host):
         return None, None  # local only: like llama.cpp, no key needed
     key = add_key(keys_path, "default", admin=True)
-    return load_keys(keys_path), key
+    return KeyFile(keys_path), key
+
+
+def _remove_keys(args: argparse.Namespace, keys_path: Path) -> int:
+    """Remove a tenant's keys; its saved prompt states go too (by the running server, when
+    there is one: it owns the folder and notices the keys file change)."""
+    from homelab.engine.prompt_cache.store import delete_folder_states
+    from homelab.lock import running_server
+    from homelab.server.auth import remove_keys
+
+    tenant = remove_keys(keys_path, args.remove_keys)
+    running = running_server()
+    if running is None:
+        deleted = delete_folder_states(prompt_cache_cli.cache_folder(), tenant.identity, None)
+        then = f"its {deleted} saved prompt states deleted"
+    else:
+        then = f"the server at {running.url} deletes what it keeps for it (if it uses {keys_path})"
+    if args.json:
+        print(json.dumps({"tenant": tenant.name, "keys_file": str(keys_path), "then": then}))
+    else:
+        print(f"Removed every key of tenant '{tenant.name}' from {keys_path}; {then}.")
+    return 0
 
 
 def _announce_key(args: argparse.Namespace, keys_path: Path, tenant: str, key: str) -> None:

@@ -461,7 +461,29 @@ class Engine(Closing):
 
         slots, states = self._slots, self.prompt_states
         call = self.run_on_engine_thread(lambda: slot_action(slots, states, seq_id, action, tenant))
-        return call.result(timeout_s)
+        result = call.result(timeout_s)
+        written = result.get("on_disk")
+        if isinstance(written, concurrent.futures.Future):  # a save: written by the cache's writer
+            result["on_disk"] = written.result(timeout_s)
+        return result
+
+    def forget_tenant(
+        self, tenant: str | None, model_id: str | None = None, timeout_s: float = 60.0
+    ) -> int:
+        """Empty the slots holding ``tenant``'s cells (a name: each identity of it; an
+        identity; None: every tenant) so that none is saved back into the prompt cache once
+        its states are cleared: free slots now, busy ones when their request ends. With
+        ``model_id`` (a model identity or its start), only if this engine's model is it.
+        How many slots."""
+        from homelab.engine.prompt_cache.key import tenant_matches
+
+        states = self.prompt_states
+        if model_id and (states is None or not states.model.model_id.startswith(model_id)):
+            return 0
+        forget = functools.partial(
+            self._slots.forget, functools.partial(tenant_matches, wanted=tenant)
+        )
+        return self.run_on_engine_thread(forget).result(timeout_s)
 
     def end_requests(self, reason: str, timeout_s: float = 10.0) -> int:
         """End every request in flight now with ``reason`` (an error its client sees: the
@@ -505,17 +527,28 @@ class Engine(Closing):
 
     def _save_states(self, timeout_s: float = 60.0) -> None:
         """Keep every slot's prefix in the prompt cache before the context goes."""
-        if self._slots.keeper is None or self._failure is not None:
+        states = self.prompt_states
+        if states is None or self._failure is not None:
             return
         try:
             if lane.on_lane():  # closed from a step (waiting for the lane would never end)
                 saved = self._slots.save_states()
             else:
-                saved = self.run_on_engine_thread(self._slots.save_states).result(timeout_s)
+                saved = self._keep_slots(states, timeout_s)
         except Exception as exc:  # closing must go on whatever the cache does
             log.warning("prompt cache: slot states not saved at close: %s", exc)
             return
         log.info("prompt cache: %d slot states saved at close", saved)
+
+    def _keep_slots(self, states: SlotStates, timeout_s: float) -> int:
+        """Each slot's state taken on the lane, one at a time, and kept from this thread,
+        which may wait for the cache's writer to make room (the lane never does)."""
+        saved = 0
+        for slot in self._slots.slots:
+            capture = functools.partial(states.capture, slot)
+            captured = self.run_on_engine_thread(capture).result(timeout_s)
+            saved += captured is not None and states.keep(captured, wait=True)
+        return saved
 
 
 def _without_double_bos(chunks: list[PromptChunk], bos: int) -> list[PromptChunk]:

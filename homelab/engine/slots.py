@@ -45,6 +45,8 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache
     busy: bool = False
     last_used: int = 0  # a counter, larger = more recent
+    # its tenant's caches were cleared while it served: emptied when released, never saved
+    erase_on_release: bool = False
 
 
 @dataclass(frozen=True)
@@ -272,8 +274,26 @@ class SlotTable:
         self._memory.clear_sequence(slot.seq_id)
         slot.tokens.clear()
 
+    def forget(self, matches: Callable[[str], bool]) -> int:
+        """Empty the slots whose tenant ``matches`` (its caches were cleared): free ones now,
+        busy ones when their request ends; none of them is saved. How many slots."""
+        count = 0
+        for slot in self.slots:
+            if slot.tenant is None or not matches(slot.tenant):
+                continue
+            if slot.busy:
+                slot.erase_on_release = True
+            else:
+                self.clear(slot)
+                slot.tenant = None
+            count += 1
+        return count
+
     def release(self, slot: Slot) -> None:
-        """The request is done: the slot keeps its cache (unless reuse is off) and is free."""
-        if not self.prefix_reuse:
+        """The request is done: the slot keeps its cache (unless reuse is off, or its
+        tenant's caches were cleared meanwhile) and is free."""
+        if not self.prefix_reuse or slot.erase_on_release:
             self.clear(slot)
+        if slot.erase_on_release:
+            slot.tenant, slot.erase_on_release = None, False
         slot.busy = False

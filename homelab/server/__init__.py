@@ -36,7 +36,7 @@ streaming.py   server-sent events (one writer), cancelled when the client leaves
 config.py      ServerConfig
 metrics.py     Prometheus text exposition
 anthropic_protocol.py, responses_protocol.py   wire types (strict validation)
-response_store.py   stored responses per tenant (previous_response_id), bounded, with a TTL
+response_store.py   stored responses per tenant (previous_response_id), bounded, a share each, a TTL
 protocol.py    OpenAI's wire types, and WireModel: the base of every dialect's wire types
 auth.py        keys file (hashes -> tenants), per-tenant limits
 errors.py      one error type; exception type -> HTTP status; each dialect's envelope

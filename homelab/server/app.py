@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -48,7 +49,7 @@ from homelab.server.anthropic_protocol import (
     MessagesRequest,
     MessageTokensCount,
 )
-from homelab.server.auth import TenantLimiter
+from homelab.server.auth import KeyFile, Tenant, TenantLimiter
 from homelab.server.config import ServerConfig
 from homelab.server.engine_seam import EngineLike
 from homelab.server.errors import (
@@ -131,7 +132,10 @@ class ServerState:
         self.subscribers.append(self.request_log.observe)
         self.started = int(time.time())
         self.responses = ResponseStore(
-            config.stored_responses, config.stored_response_bytes, config.stored_response_ttl_s
+            config.stored_responses,
+            config.stored_response_bytes,
+            config.stored_response_ttl_s,
+            config.stored_response_tenant_share,
         )
 
     def engine(self) -> EngineLike:
@@ -146,6 +150,33 @@ class ServerState:
         if failure is not None:  # for good (a lost RPC worker): no Retry-After
             raise ApiError(503, failure, code="engine_failed")
         return engine
+
+    def loaded_engines(self) -> list[EngineLike]:
+        """The engines loaded now (none while the one model loads)."""
+        if self.fleet is not None:
+            return [m.engine for m in self.fleet.residents() if m.engine is not None]
+        engine = self.engine_provider()
+        return [] if engine is None else [engine]
+
+    def identity_of(self, tenant: str) -> str:
+        """The identity of the tenant named ``tenant`` now (an identity stays itself)."""
+        known = self.config.keys.tenants.get(tenant) if self.config.keys is not None else None
+        return tenant if known is None else known.identity
+
+    def forget_tenants(self, tenants: list[Tenant]) -> None:
+        """The last keys of ``tenants`` were removed: their stored responses go now, their
+        slots and prompt states in a thread (the slots wait for the lane)."""
+        identities = [tenant.identity for tenant in tenants]
+        for identity in identities:
+            self.responses.drop_tenant(identity)
+        cache, engines = self.prompt_cache, self.loaded_engines()
+
+        def forget() -> None:
+            for identity in identities:
+                removed = slots_admin.forget_states(cache, engines, identity, None)
+                log.info("tenant %s: its %d saved prompt states deleted", identity, removed)
+
+        threading.Thread(target=forget, name="homelab-forget-tenants", daemon=True).start()
 
     def subscribe(self, callback: RequestSubscriber) -> Callable[[], None]:
         self.subscribers.append(callback)
@@ -183,7 +214,15 @@ def create_app(
         yield_admin.add_routes(app, yielding)
     _add_routes(app, state)
     state.prompt_cache = prompt_cache
-    slots_admin.add_routes(app, prompt_cache, lambda model: _admin_engine(state, model))
+    slots_admin.add_routes(
+        app,
+        prompt_cache,
+        lambda model: _admin_engine(state, model),
+        state.loaded_engines,
+        state.identity_of,
+    )
+    if isinstance(config.keys, KeyFile):  # a key removed: what the server keeps for it goes
+        config.keys.on_removed.append(state.forget_tenants)
     ollama.add_routes(app, state, parse_body, lambda r, model: serving_context(state, r, model))
     model_cards.add_routes(app, state)  # /props, LM Studio's /api/v0/models
     if fleet is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from homelab.errors import ConfigError
-from homelab.server.auth import KeyRing
+from homelab.server.auth import Keys
 from homelab.server.history import DEFAULT_VOLATILE_PATTERNS, compiled
 from homelab.server.image_parts import DEFAULT_MAX_IMAGES, ImagePolicy
 
@@ -25,7 +25,7 @@ class ServerConfig:
     model_aliases: tuple[str, ...] = ()  # other accepted names
     host: str = "127.0.0.1"
     port: int = 8080
-    keys: KeyRing | None = None  # None: no authentication (allowed only on loopback)
+    keys: Keys | None = None  # None: no authentication (allowed only on loopback)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # checked before parsing (413)
     default_max_tokens: int = 2048  # when a chat request sets none (also capped by context left)
     default_completion_max_tokens: int = 16  # /v1/completions default, as in OpenAI's API
@@ -43,6 +43,7 @@ class ServerConfig:
     stored_responses: int = 256  # Responses API: kept responses, all tenants together
     stored_response_bytes: int = 64 * 1024 * 1024  # ... and their bytes (oldest dropped first)
     stored_response_ttl_s: float = 3600.0  # ... and how long one is kept
+    stored_response_tenant_share: float = 0.25  # each tenant's share of both (response_store)
     # images in chat requests: how many per request, and whether http(s) URLs are fetched
     # (data URLs always work; local paths never)
     max_images: int = DEFAULT_MAX_IMAGES
@@ -57,6 +58,12 @@ class ServerConfig:
                 f"a strip pattern is not a valid regular expression: {exc}",
                 hint="Check --strip-pattern / strip_patterns (Python `re` syntax).",
             ) from None
+        if not 0 < self.stored_response_tenant_share <= 1:
+            raise ConfigError(
+                f"a tenant's share of the stored responses must be above 0 and at most 1 "
+                f"(got {self.stored_response_tenant_share}).",
+                hint="Give --stored-responses-tenant-share a fraction such as 0.25.",
+            )
         if self.keys is None and not is_loopback(self.host):
             raise ConfigError(
                 f"serving on {self.host} (beyond this machine) needs API keys.",

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homelab.server.auth import (
     LOCAL_TENANT,
-    KeyRing,
+    Keys,
     RateLimited,
     Tenant,
     TenantLimiter,
@@ -114,7 +114,7 @@ class BodyLimit:
 
 class TenantGate:
     def __init__(
-        self, app: ASGIApp, *, keys: KeyRing | None, limiter: TenantLimiter, bound_to_loopback: bool
+        self, app: ASGIApp, *, keys: Keys | None, limiter: TenantLimiter, bound_to_loopback: bool
     ) -> None:
         self.app = app
         self.keys = keys

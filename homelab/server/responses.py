@@ -113,7 +113,7 @@ def _continued(
             "previous_response_id needs stored responses, which this server does not keep.",
             param="previous_response_id",
         )
-    earlier = store.get(ctx.tenant.name, req.previous_response_id, param="previous_response_id")
+    earlier = store.get(ctx.tenant.identity, req.previous_response_id, param="previous_response_id")
     return req.model_copy(update={"input": [*earlier.items, *input_items(req.input)]})
 
 
@@ -122,7 +122,7 @@ def _keeper(
 ) -> Callable[[dict[str, Any]], None] | None:
     if store is None or req.store is False:
         return None
-    tenant, items = ctx.tenant.name, input_items(req.input)
+    tenant, items = ctx.tenant.identity, input_items(req.input)
     return lambda response: store.put(tenant, response, items)
 
 

@@ -286,7 +286,7 @@ def submit_choices(
             for _ in range(n):
                 index = len(handles)
                 request = GenerationRequest(
-                    tenant=ctx.tenant.name,
+                    tenant=ctx.tenant.identity,
                     prompt=prompt.tokens,
                     sampling=sampling_for(index, prompt),
                     request_id=f"{ctx.request_id}-{index}",

@@ -1,18 +1,25 @@
 """The prompt cache over HTTP: slots saved, restored and erased by hand, and its metrics.
 
-    GET  /admin/slots[?model=NAME]                     each slot: tenant, cached tokens, busy
-    POST /admin/slots/{id}?action=save|restore|erase[&model=NAME]   (restore: {"tenant": T})
-    GET  /admin/prompt-cache                           sizes, hit counts, the saved states
+    GET    /admin/slots[?model=NAME]                   each slot: tenant, cached tokens, busy
+    POST   /admin/slots/{id}?action=save|restore|erase[&model=NAME] (restore: {"tenant": T})
+    GET    /admin/prompt-cache                         sizes, hit counts, the saved states
+    DELETE /admin/prompt-cache[?tenant=T][&model=ID]   delete states, from RAM and disk
 
 Like llama-server's ``/slots/{id}?action=…``, but a state is saved into homelab's prompt
 cache (RAM, then the data folder) under the slot's tenant and model, never to a file the
 caller names, and a restore names the tenant whose latest state it wants. Admin keys only
 (every ``/admin/`` path is, see ``middleware``). ``/metrics`` gets the cache's sizes and
 hit counts from :func:`metrics_lines`.
+
+``homelab prompt-cache`` goes through the last two when a server runs (the server owns the
+folder then). A delete empties the slots that hold the tenant's cells first
+(:func:`forget_states`), so that no slot saves them back — not at its next admission, not
+when the server stops; the server does the same for a tenant whose last key was removed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any, Protocol
@@ -24,6 +31,8 @@ from homelab.engine.prompt_cache.slot_states import SLOT_ACTIONS
 from homelab.engine.prompt_cache.store import PromptCache
 from homelab.errors import BusyError, EngineError
 from homelab.server.errors import ApiError, invalid_request, json_body_name
+
+log = logging.getLogger("homelab.server")
 
 
 class SlotAdmin(Protocol):
@@ -39,7 +48,15 @@ class SlotAdmin(Protocol):
 EngineFor = Callable[[str | None], Any]  # the engine of ?model= (or the only one), awaited
 
 
-def add_routes(app: FastAPI, cache: PromptCache | None, engine_for: EngineFor) -> None:
+def add_routes(
+    app: FastAPI,
+    cache: PromptCache | None,
+    engine_for: EngineFor,
+    engines: Callable[[], list[Any]],
+    identity_of: Callable[[str], str],
+) -> None:
+    """``engines``: the loaded engines; ``identity_of``: a tenant name's identity now."""
+
     @app.get("/admin/prompt-cache")
     async def prompt_cache_report() -> dict[str, Any]:
         if cache is None:
@@ -53,6 +70,16 @@ def add_routes(app: FastAPI, cache: PromptCache | None, engine_for: EngineFor) -
             "entries": [asdict(e) for e in entries],
         }
 
+    @app.delete("/admin/prompt-cache")
+    async def clear_prompt_cache(tenant: str | None = None, model: str | None = None) -> Any:
+        if cache is None:
+            raise invalid_request("This server keeps no prompt cache (--no-prompt-cache).")
+        if tenant == "" or model == "":
+            raise invalid_request("Give tenant= and model= a value, or leave them out (any).")
+        loaded = engines()
+        removed = await anyio.to_thread.run_sync(forget_states, cache, loaded, tenant, model)
+        return {"removed": removed, "tenant": tenant, "model": model}
+
     @app.get("/admin/slots")
     async def list_slots(model: str | None = None) -> dict[str, Any]:
         engine = _slot_admin(await engine_for(model))
@@ -65,7 +92,7 @@ def add_routes(app: FastAPI, cache: PromptCache | None, engine_for: EngineFor) -
     ) -> dict[str, Any]:
         if action not in SLOT_ACTIONS:
             raise invalid_request(f"action must be one of {', '.join(SLOT_ACTIONS)}.", "action")
-        tenant = _tenant(await request.body()) if action == "restore" else None
+        tenant = identity_of(_tenant(await request.body())) if action == "restore" else None
         engine = _slot_admin(await engine_for(model))
         try:
             return await anyio.to_thread.run_sync(engine.slot_action, slot_id, action, tenant)
@@ -73,6 +100,22 @@ def add_routes(app: FastAPI, cache: PromptCache | None, engine_for: EngineFor) -
             raise ApiError(409, f"{exc} {exc.hint or ''}".strip(), code="slot_busy") from None
         except EngineError as exc:
             raise invalid_request(f"{exc}. {exc.hint or ''}".strip()) from None
+
+
+def forget_states(
+    cache: PromptCache | None, engines: list[Any], tenant: str | None, model_id: str | None
+) -> int:
+    """Delete ``tenant``'s states (a name: each identity of it; an identity; None: every
+    tenant) of ``model_id`` (None: any) from RAM and disk, after emptying the slots that hold
+    them so that none is saved back; how many states. Blocks: run it off the event loop."""
+    for engine in engines:
+        forget = getattr(engine, "forget_tenant", None)  # an embedding model keeps no slots
+        try:
+            if forget is not None:
+                forget(tenant, model_id)
+        except Exception as exc:  # closing, or failed: its slots save nothing any more
+            log.warning("prompt cache: slots not emptied for %s: %s", tenant or "all", exc)
+    return cache.clear(tenant, model_id) if cache is not None else 0
 
 
 def _slot_admin(engine: Any) -> SlotAdmin:
@@ -107,7 +150,9 @@ def metrics_lines(cache: PromptCache | None) -> str:
     for name, value, what in (
         ("misses", stats.misses, "Lookups that found nothing worth restoring"),
         ("saves", stats.saves, "Slot states saved"),
+        ("skipped", stats.skipped, "Slot states not kept: RAM full of states not written yet"),
         ("evictions", stats.evicted, "States dropped for room"),
+        ("expired", stats.expired, "States deleted unused for the TTL"),
         ("dropped_files", stats.dropped_files, "State files that failed their checks"),
     ):
         metric = f"homelab_prompt_cache_{name}_total"

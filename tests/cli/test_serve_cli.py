@@ -19,7 +19,10 @@ import openai
 import pytest
 
 from homelab.cli import main
+from homelab.cli.prompt_cache import cache_folder
 from homelab.cli.serve import _keys_for
+from homelab.engine.prompt_cache.key import ModelKey
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache, folder_entries
 from homelab.server.auth import default_keys_path, load_keys
 
 
@@ -52,6 +55,29 @@ def test_binding_beyond_loopback_generates_a_key(tmp_path: Path) -> None:
         argparse.Namespace(host="127.0.0.1", api_key_file=None), tmp_path / "none.toml"
     )
     assert local_ring is None and local_key is None
+
+
+def test_removing_a_tenants_keys_deletes_its_saved_states(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """No server running: the verb deletes the tenant's states in the data folder itself."""
+    assert main(["serve", "--json", "--new-key", "alice"]) == 0
+    assert main(["serve", "--json", "--new-key", "bob"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    ring = load_keys(default_keys_path())
+    alice, bob = (ring.authenticate(doc["api_key"]) for doc in shown)
+    assert alice is not None and bob is not None
+    cache = PromptCache(CacheConfig(1 << 20, 1 << 20, cache_folder(), min_tokens=1))
+    model = ModelKey("0" * 32, "k=f16 v=f16 fa=0 cells=512 streams=1 swa_full=0")
+    cache.put(model, alice.identity, (1, 2, 3), b"a" * 100)
+    cache.put(model, bob.identity, (1, 2, 3), b"b" * 100)
+    cache.close()
+    assert main(["serve", "--remove-keys", "alice"]) == 0
+    assert "its 1 saved prompt states deleted" in capsys.readouterr().out
+    assert [e.tenant for e in folder_entries(cache_folder())] == ["bob"]
+    assert load_keys(default_keys_path()).authenticate(shown[0]["api_key"]) is None
+    assert main(["serve", "--remove-keys", "alice"]) == 1  # no such tenant any more
+    assert "no tenant 'alice'" in capsys.readouterr().err
 
 
 def test_serve_without_model_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -222,6 +222,33 @@ def test_the_store_is_bounded_in_count_bytes_and_time() -> None:
     assert len(store) == 0 and store.total_bytes == 0
 
 
+def test_one_tenant_filling_the_store_drops_only_its_own_oldest() -> None:
+    """8 responses and 8 KB for all, a quarter of each per tenant: alice storing response
+    after response (in count, then in bytes) never pushes out bob's one."""
+    store = ResponseStore(max_entries=8, max_bytes=8_000, ttl_s=60)  # a share: 2, 2 KB
+    store.put("bob", {"id": "b0", "output": []}, ["x"])
+    for index in range(20):
+        store.put("alice", {"id": f"a{index}", "output": []}, ["x"])
+    assert store.get("bob", "b0") and len(store) == 8
+    assert store.tenant_usage("alice")[0] == 7  # its own oldest went
+    store.get("alice", "a19")
+    for index in range(4):
+        store.put("alice", {"id": f"big{index}", "output": ["y" * 1_900]}, [])
+    assert store.get("bob", "b0") and store.total_bytes <= 8_000
+    store.put("bob", {"id": "b1", "output": []}, ["x"])  # bob within its share: alice pays
+    assert store.get("bob", "b0") and store.get("bob", "b1") and len(store) <= 8
+
+
+def test_a_tenant_filling_the_servers_store_leaves_anothers_response(
+    alice: httpx.Client, bob: httpx.Client
+) -> None:
+    """The real server's store (8 responses, a quarter each per tenant)."""
+    kept = respond(bob, input="remember me").json()["id"]
+    for index in range(10):
+        assert respond(alice, input=f"note {index}").status_code == 200
+    assert bob.get(f"/v1/responses/{kept}").status_code == 200
+
+
 def test_reasoning_items_open_their_assistant_turn() -> None:
     sealed = encoded_reasoning("I should read cart.py first.")
     items = [

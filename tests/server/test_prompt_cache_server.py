@@ -1,11 +1,13 @@
 """The prompt cache through the real server: a prefix outlives its slot and ``usage``
 reports it as cached; the admin slot routes (admin keys only) save, erase and restore a
-slot; ``/metrics`` shows the cache's sizes and hits."""
+slot; ``/metrics`` shows the cache's sizes and hits; a tenant's name given to a new key
+holder finds nothing of the old holder's."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,8 +17,8 @@ from server_helpers import ADMIN_KEY, ALICE_KEY, BOB_KEY, MODEL_ID, make_keys
 
 from homelab.cli.ps import format_prompt_cache
 from homelab.engine.engine import Engine
-from homelab.engine.prompt_cache.store import CacheConfig, PromptCache
-from homelab.server.auth import KeyRing, Tenant, TenantLimiter
+from homelab.engine.prompt_cache.store import CacheConfig, PromptCache, folder_entries
+from homelab.server.auth import KeyFile, KeyRing, Tenant, TenantLimiter, add_key, remove_keys
 from homelab.server.config import ServerConfig
 from homelab.server.middleware import TenantGate
 from homelab.server.runner import start_server
@@ -131,3 +133,48 @@ def test_the_slot_routes_need_an_admin_key(key: str, status: int) -> None:
 
     asyncio.run(gate(scope, receive, send))  # type: ignore[arg-type]
     assert sent[0]["status"] == status
+
+
+def test_a_name_given_to_a_new_key_holder_finds_nothing_of_the_old_ones(
+    demo_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """alice's prompt is in her slot and her saved state; her keys are removed and the name
+    given to someone new while the server runs: the server re-reads the keys file, the old
+    key stops working, the new holder's same prompt is not cached (``cached_tokens`` does not
+    answer "was this their prompt?"), and the old holder's states are deleted — in RAM, on
+    disk, and still after the server stops (no slot saves them back)."""
+    keys_path, folder = tmp_path / "keys.toml", tmp_path / "states"
+    old_key, bob_key = add_key(keys_path, "alice"), add_key(keys_path, "bob")
+    keys = KeyFile(keys_path, check_every_s=0)
+    cache = PromptCache(CacheConfig(64 * MIB, 64 * MIB, folder, min_tokens=32))
+    settings = Settings(n_ctx=512, n_ctx_per_slot=512, n_parallel=1, n_threads=1)
+    engine = Engine.load(
+        demo_model("llama"), settings, record_calibration=False, prompt_cache=cache
+    )
+    config = ServerConfig(model_id=MODEL_ID, keys=keys, default_max_tokens=4)
+    handle = start_server(engine, config=config, prompt_cache=cache)
+    prompt = long_prompt()
+    with httpx.Client(base_url=handle.url, timeout=60) as http:
+        complete(http, old_key, prompt)
+        complete(http, bob_key, long_prompt())  # takes the slot: alice's state is saved
+        complete(http, old_key, prompt)  # restored, and in the slot again
+        old = {e.identity for e in cache.entries() if e.tenant == "alice"}
+        assert len(old) == 1 and cache.stats().hits_ram == 1
+        remove_keys(keys_path, "alice")
+        new_key = add_key(keys_path, "alice")
+        assert complete(http, new_key, prompt)["cached"] == 0
+        refused = http.post("/v1/completions", headers={"Authorization": f"Bearer {old_key}"})
+        assert refused.status_code == 401
+        _wait_until(lambda: not old & {e.identity for e in cache.entries()})
+    handle.stop()
+    engine.close()
+    cache.close()
+    left = {e.identity for e in folder_entries(folder)}
+    assert not old & left and any(i.startswith("alice#") for i in left)  # the new holder's
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "not within 30 s"
+        time.sleep(0.05)

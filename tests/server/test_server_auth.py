@@ -11,6 +11,7 @@ import pytest
 
 from homelab.errors import ConfigError
 from homelab.server.auth import (
+    KeyFile,
     KeyRing,
     RateLimited,
     Tenant,
@@ -19,6 +20,7 @@ from homelab.server.auth import (
     add_key,
     hash_key,
     load_keys,
+    remove_keys,
 )
 from homelab.server.middleware import TENANT_KEY, TenantGate
 
@@ -50,6 +52,52 @@ def test_keys_file_with_limits(tmp_path: Path) -> None:
         "team", False, TenantLimits(max_concurrent_requests=2, requests_per_minute=30)
     )
     assert ring.authenticate("k1") == team
+
+
+def test_a_name_given_again_is_a_new_identity(tmp_path: Path) -> None:
+    """The identity keys slots, prompt states and stored responses: a second key of the same
+    holder keeps it; removing the tenant's keys and adding one again makes a new one."""
+    path = tmp_path / "keys.toml"
+    first = add_key(path, "alice")
+    second = add_key(path, "alice")
+    ring = load_keys(path)
+    old, also = ring.authenticate(first), ring.authenticate(second)
+    assert old is not None and also is not None and old.identity == also.identity
+    assert old.identity.startswith("alice#") and old.generation in path.read_text()
+    assert remove_keys(path, "alice").identity == old.identity
+    assert load_keys(path).authenticate(first) is None and "alice" not in path.read_text()
+    new_key = add_key(path, "alice")
+    new = load_keys(path).authenticate(new_key)
+    assert new is not None and new.name == "alice" and new.identity != old.identity
+    with pytest.raises(ConfigError, match="no tenant 'carol'"):
+        remove_keys(path, "carol")
+
+
+def test_a_keys_file_from_before_keeps_its_names_as_identities(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[keys]\n"{hash_key("k1")}" = "team"\n')
+    ring = load_keys(path)
+    team = ring.authenticate("k1")
+    assert team is not None and team.identity == "team"  # its saved states stay its own
+    add_key(path, "team")  # not its first key: no new generation
+    again = load_keys(path).authenticate("k1")
+    assert again is not None and again.identity == "team"
+
+
+def test_a_running_server_sees_keys_added_and_removed(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    alice_key, bob_key = add_key(path, "alice"), add_key(path, "bob")
+    keys = KeyFile(path, check_every_s=0)
+    gone: list[str] = []
+    keys.on_removed.append(lambda tenants: gone.extend(t.identity for t in tenants))
+    alice = keys.authenticate(alice_key)
+    assert alice is not None
+    carol_key = add_key(path, "carol")
+    remove_keys(path, "alice")
+    assert keys.authenticate(carol_key) is not None  # the file is read again
+    assert keys.authenticate(alice_key) is None and gone == [alice.identity]
+    path.write_text("[keys\n")  # broken: the keys loaded before stay
+    assert keys.authenticate(bob_key) is not None and gone == [alice.identity]
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
 """State files: one per (model, tenant, tokens), written atomically, checked when read.
 
-    <root>/<ModelKey.digest>/<tenant digest>/<tokens digest>.state
+    <root>/<ModelKey.digest>/<tenant identity digest>/<tokens digest>.state
 
 A file is ``MAGIC | u32 version | u32 header length | header (JSON: the whole key, token
 count, state size) | tokens (int32) | state | SHA-256 of everything before``. It is written
 to a temporary name in the same folder and renamed, so a reader never sees half a file;
-files are 0600 in 0700 folders (a state is the tenant's prompt in another form). A file
+files are 0600 in 0700 folders (a state is the tenant's prompt in another form); the
+temporary name carries the writer's pid, so a cache opening the folder deletes only the
+temporary files of processes that are gone, never a running server's. A file
 whose checksum, size, header or place does not agree — truncated, corrupt, moved in from
 another model's or tenant's folder — is :class:`StateFileError`, and the store drops it.
 """
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import psutil
 
 from homelab.engine.prompt_cache.entry import TOKEN_DTYPE, StateEntry, as_tokens
 from homelab.engine.prompt_cache.key import ModelKey, short_digest, tokens_digest
@@ -115,22 +118,23 @@ def _write_new(temp: Path, chunks: tuple[bytes | bytearray, ...]) -> None:
         raise
 
 
-def read_header(path: Path) -> tuple[FileHeader, np.ndarray]:
-    """The key and tokens of a state file, checked against its size and its place."""
+def read_header(path: Path) -> tuple[FileHeader, np.ndarray, os.stat_result]:
+    """The key and tokens of a state file, checked against its size and its place, and the
+    file's status (its size, its modification time: when its state was last used)."""
     with path.open("rb") as handle:
         header, header_bytes = _parse_header(handle.read(_FIXED.size), handle)
         tokens_data = handle.read(header.n_tokens * TOKEN_BYTES)
+        stat = os.fstat(handle.fileno())
     if len(tokens_data) != header.n_tokens * TOKEN_BYTES:
         raise StateFileError("truncated in its tokens")
-    size = path.stat().st_size
-    if size != header.file_bytes(header_bytes):
+    if stat.st_size != header.file_bytes(header_bytes):
         raise StateFileError(
-            f"{size} bytes where its header promises {header.file_bytes(header_bytes)}"
+            f"{stat.st_size} bytes where its header promises {header.file_bytes(header_bytes)}"
         )
     tokens = as_tokens(np.frombuffer(tokens_data, dtype=TOKEN_DTYPE))
     if path != path_for(path.parents[2], header.model, header.tenant, tokens):
         raise StateFileError("its header names another model, tenant or prompt than its place")
-    return header, tokens
+    return header, tokens, stat
 
 
 def _read_whole(path: Path) -> bytearray:
@@ -212,3 +216,13 @@ def state_files(root: Path) -> Iterator[Path]:
 
 def is_temporary(path: Path) -> bool:
     return TEMP_MARK in path.name
+
+
+def is_abandoned(path: Path) -> bool:
+    """A temporary file whose writing process is gone (a crash mid-write): safe to delete.
+    Another live process's (a server writing now) never is."""
+    pid_text = path.name.rpartition(TEMP_MARK)[2]
+    if not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    return pid != os.getpid() and not psutil.pid_exists(pid)

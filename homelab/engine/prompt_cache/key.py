@@ -43,3 +43,25 @@ def short_digest(text: str) -> str:
 def tokens_digest(tokens: np.ndarray) -> str:
     """A short digest of int32 token ids (their little-endian bytes)."""
     return hashlib.sha256(tokens.astype("<i4", copy=False).tobytes()).hexdigest()[:DIGEST_HEX_CHARS]
+
+
+# A tenant's identity: its name, and the generation its keys file gave the name with its first
+# key ("name#5f0c2a9e81d4"; names never hold "#"). Whatever is kept for a tenant — slots,
+# saved states, stored responses — is kept under its identity, so a name given again to a new
+# key holder finds nothing of the old one's; a bare name (no generation) is its own identity.
+IDENTITY_MARK = "#"
+
+
+def tenant_identity(name: str, generation: str = "") -> str:
+    return f"{name}{IDENTITY_MARK}{generation}" if generation else name
+
+
+def tenant_name(identity: str) -> str:
+    """The name part of a tenant identity."""
+    return identity.partition(IDENTITY_MARK)[0]
+
+
+def tenant_matches(identity: str, wanted: str | None) -> bool:
+    """Whether ``identity`` is ``wanted``: that identity, every identity of that name (a bare
+    name), or any (None)."""
+    return wanted is None or identity == wanted or tenant_name(identity) == wanted

@@ -3,9 +3,12 @@ tenant's longest saved prefix into a slot when that is faster than prefilling it
 
 The slot table calls :meth:`SlotStates.before_loss` when it is about to clear a slot or cut
 it short (another tenant, another prompt), and :meth:`SlotStates.restore` after placing a
-request; the engine calls :meth:`SlotStates.save` for every slot when it closes (the fleet
-evicts the model, the server stops). All of it runs on the compute lane, at admission or
-close — never in the per-token path.
+request. Both run on the compute lane, at admission — never in the per-token path — and
+neither touches the disk: the cache's writer thread does (``store``). When the engine closes
+(the fleet evicts the model, the server stops, the GPU is yielded) it captures each slot on
+the lane (:meth:`SlotStates.capture`) and keeps it from the closing thread
+(:meth:`SlotStates.keep`), which may wait for the writer to make room (the lane, shared by
+every engine, never does).
 
 Whether a restore pays is measured: restoring costs the state's bytes over the throughput
 restores have reached (per tier; a first guess until one has run), prefilling costs the
@@ -18,8 +21,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 
-from homelab.engine.prompt_cache.entry import Candidate
+import numpy as np
+
+from homelab.engine.prompt_cache.entry import Candidate, as_tokens
 from homelab.engine.prompt_cache.key import ModelKey
 from homelab.engine.prompt_cache.store import PromptCache
 from homelab.engine.slots import Slot, SlotTable
@@ -36,6 +43,16 @@ log = logging.getLogger("homelab.engine.prompt_cache")
 
 FIRST_GUESS_BYTES_S = {"ram": 4e9, "disk": 1e9}  # until a restore from that tier is measured
 SMOOTHING = 0.5  # weight of the newest measurement
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A slot's state, taken on the lane, to be kept in the cache from another thread."""
+
+    tenant: str
+    tokens: np.ndarray  # int32 (entry.as_tokens)
+    data: bytes | bytearray
+    cuttable: bool
 
 
 class SlotStates:
@@ -66,20 +83,45 @@ class SlotStates:
             self.save(slot)
 
     def save(self, slot: Slot) -> bool:
-        """Put the slot's state in the cache (unless one already holds it); False if not saved."""
-        tenant = slot.tenant
-        if tenant is None or not slot.tokens:
+        """Put the slot's state in the cache (unless one already holds it); False if not
+        kept. On the lane: it never waits for the disk."""
+        if slot.tenant is None or not slot.tokens or slot.erase_on_release:
             return False
-        cuttable = self._n_swa == 0  # see _window_lost
-        if self.cache.covers(self.model, tenant, slot.tokens, cuttable=cuttable):
+        if self._covered(slot):
             return True
+        captured = self._capture(slot)
+        return captured is not None and self.keep(captured)
+
+    def capture(self, slot: Slot) -> Captured | None:
+        """The slot's state to keep (on the lane), or None: nothing to keep, or kept already."""
+        if slot.tenant is None or not slot.tokens or slot.erase_on_release:
+            return None
+        return None if self._covered(slot) else self._capture(slot)
+
+    def keep(self, captured: Captured, *, wait: bool = False) -> bool:
+        """Put a captured state in the cache; ``wait`` for room only off the lane."""
+        return self.cache.put(
+            self.model,
+            captured.tenant,
+            captured.tokens,
+            captured.data,
+            cuttable=captured.cuttable,
+            wait=wait,
+        )
+
+    def _covered(self, slot: Slot) -> bool:
+        assert slot.tenant is not None
+        cuttable = self._n_swa == 0  # see _window_lost
+        return self.cache.covers(self.model, slot.tenant, slot.tokens, cuttable=cuttable)
+
+    def _capture(self, slot: Slot) -> Captured | None:
+        assert slot.tenant is not None
         try:
             data = save_sequence(self._context.pointer, slot.seq_id)
         except SequenceStateError as exc:
             log.warning("prompt cache: slot %d not saved: %s", slot.seq_id, exc)
-            return False
-        self.cache.put(self.model, tenant, slot.tokens, data, cuttable=cuttable)
-        return True
+            return None
+        return Captured(slot.tenant, as_tokens(slot.tokens), data, self._n_swa == 0)
 
     # --- restoring -----------------------------------------------------------------------------
 
@@ -155,8 +197,9 @@ SLOT_ACTIONS = ("save", "restore", "erase")
 def slot_action(
     table: SlotTable, states: SlotStates | None, seq_id: int, action: str, tenant: str | None
 ) -> dict[str, object]:
-    """``save`` a free slot's state in the cache (and to disk), ``restore`` ``tenant``'s most
-    recently used state into it, or ``erase`` it. Runs on the compute lane."""
+    """``save`` a free slot's state in the cache (and to disk: ``on_disk`` is then a future
+    the caller waits for, off the lane), ``restore`` ``tenant``'s most recently used state
+    into it, or ``erase`` it. Runs on the compute lane."""
     slot = _free_slot(table, seq_id)
     if action == "erase":
         table.clear(slot)
@@ -192,7 +235,7 @@ def _save_action(states: SlotStates, slot: Slot) -> dict[str, object]:
             f"slot {slot.seq_id} holds nothing to save", hint="Send it a request first."
         )
     assert slot.tenant is not None  # save() saved it
-    on_disk = states.cache.persist(states.model, slot.tenant, slot.tokens)
+    on_disk: Future[bool] = states.cache.persist(states.model, slot.tenant, slot.tokens)
     return {
         "id_slot": slot.seq_id,
         "action": "save",
