@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 LOCAL_TOKEN = "homelab-local"  # a server without keys takes any token: clients need one
 START_TIMEOUT_S = 600.0
+KEY_TAKEN_WITHIN_S = 5.0  # a running server re-reads its keys file about once a second
 INSTALL_HINTS = {
     "claude": "npm install -g @anthropic-ai/claude-code",
     "codex": "npm install -g @openai/codex",
@@ -112,15 +113,39 @@ def _running_endpoint(args: argparse.Namespace, url: str) -> Endpoint:
 
     keyless = _get(url, "/api/version", None).status_code == 200
     key = args.api_key or os.environ.get("HOMELAB_API_KEY") or (LOCAL_TOKEN if keyless else None)
-    if key is None:
+    if key is None and args.print:
         raise ConfigError(
             f"the server at {url} wants an API key.",
-            hint="Pass --api-key KEY (or HOMELAB_API_KEY), e.g. one from `homelab serve "
-            "--new-key TENANT` (a running server reads the keys added to its keys file).",
+            hint=f"Run `homelab launch {args.client}` without --print (it adds a key for "
+            f"tenant '{args.client}' to this machine's keys file, which a running server "
+            "reads), or pass --api-key KEY (or HOMELAB_API_KEY).",
         )
+    if key is None:
+        key = _new_key_for(url, args.client)
     model = _served_model(url, key, args.model)
     context = _context(url, key, model)
     return Endpoint(url, key, model, context, _output_tokens(context), keyless=keyless)
+
+
+def _new_key_for(url: str, tenant: str) -> str:
+    """A key for ``tenant`` added to this machine's keys file, once the running server takes
+    it (it re-reads the file within a second or so)."""
+    from homelab.errors import ConfigError
+    from homelab.server.auth import add_key, default_keys_path
+
+    keys_path = default_keys_path()
+    key = add_key(keys_path, tenant)
+    print(f"homelab: added a key for tenant '{tenant}' to {keys_path}", file=sys.stderr)
+    deadline = time.monotonic() + KEY_TAKEN_WITHIN_S
+    while _get(url, "/v1/models", key).status_code == 401:
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"the server at {url} does not take the key added to {keys_path} (it was "
+                "started with another keys file, or is not on this machine).",
+                hint="Pass --api-key KEY (or HOMELAB_API_KEY) with a key of that server.",
+            )
+        time.sleep(0.25)
+    return key
 
 
 def _get(url: str, path: str, key: str | None) -> Any:

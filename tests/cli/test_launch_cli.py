@@ -26,7 +26,7 @@ import pytest
 
 from homelab.engine.engine import Engine
 from homelab.lock import read_server_lock
-from homelab.server.auth import KeyRing, Tenant
+from homelab.server.auth import KeyFile, KeyRing, Tenant, add_key
 from homelab.server.config import ServerConfig
 from homelab.server.runner import ServerHandle, start_server
 from homelab.settings import Settings
@@ -244,6 +244,32 @@ def assert_catalog(path: Path) -> None:
     assert entry["supported_reasoning_levels"] == [] and entry["default_reasoning_level"] is None
     assert entry["apply_patch_tool_type"] is None and entry["supports_search_tool"] is False
     assert entry["input_modalities"] == ["text"] and entry["priority"] == 0
+
+
+def test_a_running_server_takes_a_key_made_for_the_client(
+    home: Path, demo_model: Callable[..., Path]
+) -> None:
+    """No key given: the launch adds one for the client's tenant to this machine's keys file,
+    and the running server (which re-reads that file) takes it."""
+    keys_path = home / "homelab" / "config" / "keys.toml"  # HOMELAB_HOME's keys file
+    add_key(keys_path, "someone")  # a server that wants keys
+    settings = Settings(n_ctx=N_CTX_PER_SLOT, n_ctx_per_slot=N_CTX_PER_SLOT, n_parallel=1)
+    engine = Engine.load(demo_model("llama"), settings, record_calibration=False)
+    handle = start_server(engine, config=ServerConfig(model_id=MODEL_ID, keys=KeyFile(keys_path)))
+    try:
+        shown = launch(home, "codex", "--url", handle.url, "--print")
+        assert shown.returncode == 1 and "without --print" in shown.stderr  # writes nothing
+        assert "codex" not in keys_path.read_text()
+        done = launch(home, "codex", "--url", handle.url)
+        assert done.returncode == 0, done.stderr
+        assert f"added a key for tenant 'codex' to {keys_path}" in done.stderr
+        got = received(home)
+        assert got["models"] == [MODEL_ID]  # the stub's request with the new key: answered
+        tenant = KeyFile(keys_path).authenticate(got["env"]["HOMELAB_API_KEY"])
+        assert tenant is not None and tenant.name == "codex"
+    finally:
+        handle.stop()
+        engine.close()
 
 
 def test_opencode_gets_its_own_file_and_leaves_the_users_alone(
