@@ -217,8 +217,16 @@ DROP_IMAGE = """([name, b64]) => {
   target.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true }));
 }"""
 
+PASTE_IMAGE = """([name, b64]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const transfer = new DataTransfer();
+  transfer.items.add(new File([bytes], name, { type: "image/png" }));
+  const prompt = document.querySelector("#prompt");
+  prompt.dispatchEvent(new ClipboardEvent("paste", { clipboardData: transfer, bubbles: true }));
+}"""
 
-def test_images_attached_and_dropped_reach_the_vision_model(
+
+def test_images_attached_dropped_and_pasted_reach_the_vision_model(
     watched: Watched, served: Served
 ) -> None:
     page = sign_in(watched, served)
@@ -229,14 +237,48 @@ def test_images_attached_and_dropped_reach_the_vision_model(
     )
     page.evaluate(DROP_IMAGE, ["b.png", base64.b64encode(png_bytes(40, 40)).decode()])
     page.locator("#attachments img").nth(1).wait_for()
+    page.evaluate(PASTE_IMAGE, ["c.png", base64.b64encode(png_bytes(32, 32)).decode()])
+    page.locator("#attachments img").nth(2).wait_for()
     send(page, "What is in these pictures?")
     stats = last_answer(page).locator(".stats").filter(has_text="tok/s")
     stats.wait_for(timeout=120_000)
     prompt_tokens = int(stats.inner_text().split(" prompt tokens")[0])
-    assert prompt_tokens > 2 * GEMMA3_IMAGE_TOKENS  # both images went into the prompt
+    assert prompt_tokens > 3 * GEMMA3_IMAGE_TOKENS  # the three images went into the prompt
     thumbs = page.locator(".message.user img.thumb")
-    assert thumbs.count() == 2
+    assert thumbs.count() == 3
     assert thumbs.first.get_attribute("src", timeout=1000).startswith("data:image/png;base64,")
+    only_the_server(watched, served)
+
+
+def test_edit_regenerate_export_and_import(
+    watched: Watched, served: Served, tmp_path: Path
+) -> None:
+    page = sign_in(watched, served)
+    settings(page, "demo:trained", max_tokens=6)
+    send(page, "first question")
+    last_answer(page).locator(".stats").filter(has_text="tok/s").wait_for()
+    page.locator(".message.assistant .footer button", has_text="Regenerate").click()
+    page.locator(".message.assistant .stats").filter(has_text="tok/s").wait_for()
+    assert page.locator(".message").count() == 2  # the answer replaced, not added
+    page.locator(".message.user .footer button", has_text="Edit").click()
+    assert page.input_value("#prompt") == "first question"
+    send(page, "second question")
+    last_answer(page).locator(".stats").filter(has_text="tok/s").wait_for()
+    users = page.locator(".message.user")
+    assert users.count() == 1 and "second question" in users.first.inner_text()
+    with page.expect_download() as download:
+        page.click("#export-chats")
+    exported = tmp_path / "exported.json"
+    download.value.save_as(exported)
+    document = json.loads(exported.read_text(encoding="utf-8"))
+    (conversation,) = [c for c in document["conversations"] if c["messages"]]
+    roles = [(m["role"], m["content"]) for m in conversation["messages"]]
+    assert roles[0] == ("user", "second question") and roles[1][0] == "assistant"
+    page.locator("#conversation-list button[aria-label^='Delete']").first.click()
+    assert page.locator(".message").count() == 0
+    page.set_input_files("#import-chats", str(exported))
+    page.locator(".message.user", has_text="second question").wait_for()
+    assert page.locator(".message").count() == 2
     only_the_server(watched, served)
 
 
