@@ -381,3 +381,34 @@ def test_the_page_fits_a_phone(watched: Watched, served: Served) -> None:
     page.keyboard.type("second line")
     assert page.input_value("#prompt") == "first line\nsecond line"
     assert page.locator(".message").count() == 0
+
+
+@pytest.fixture(scope="module")
+def keyless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``homelab serve demo:trained`` on loopback with no keys file: it takes requests
+    without a key, as every dialect does there."""
+    home = tmp_path_factory.mktemp("web-keyless")
+    command = [sys.executable, "-m", "homelab.cli", "serve", "demo:trained", "--json"]
+    command += ["--port", "0", "--ctx", "1024", "--threads", "2"]
+    env = {**os.environ, "HOMELAB_HOME": str(home)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield str(json.loads(process.stdout.readline())["base_url"]).removesuffix("/v1")
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def test_a_keyless_loopback_server_opens_the_chat_without_a_sign_in(
+    watched: Watched, keyless: str
+) -> None:
+    page = watched.page
+    page.goto(keyless + "/")
+    page.wait_for_selector("#chat-view:not([hidden])")
+    assert page.is_hidden("#sign-in") and page.is_hidden("#sign-out")  # no key to forget
+    send(page, "hello")
+    last_answer(page).locator(".stats").filter(has_text="tok/s").wait_for(timeout=60_000)
+    assert not watched.errors, watched.errors
+    elsewhere = [u for u in watched.requests if not u.startswith(keyless + "/")]
+    assert not elsewhere, elsewhere
