@@ -407,6 +407,8 @@ def test_a_keyless_loopback_server_opens_the_chat_without_a_sign_in(
     page.goto(keyless + "/")
     page.wait_for_selector("#chat-view:not([hidden])")
     assert page.is_hidden("#sign-in") and page.is_hidden("#sign-out")  # no key to forget
+    page.wait_for_function("document.querySelector('#model-picker').options.length > 0")
+    settings(page, page.input_value("#model-picker"), max_tokens=8)
     send(page, "hello")
     last_answer(page).locator(".stats").filter(has_text="tok/s").wait_for(timeout=60_000)
     assert not watched.errors, watched.errors
