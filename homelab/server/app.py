@@ -42,6 +42,7 @@ from homelab.server import (
     yield_admin,
 )
 from homelab.server.anthropic_protocol import (
+    BLOCK_TYPES,
     AnthropicErrorResponse,
     CountTokensRequest,
     MessageResponse,
@@ -81,6 +82,7 @@ from homelab.server.protocol import (
     ModelCard,
     ModelList,
     body_doc,
+    small_body_doc,
 )
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
@@ -94,7 +96,11 @@ NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (
     embeddings.EmbeddingRequest,
     *OLLAMA_REQUEST_MODELS,
 )
-ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest)
+ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (
+    MessagesRequest,
+    CountTokensRequest,
+    *BLOCK_TYPES.values(),  # content blocks, named by MessageParam's content
+)
 ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse} for status in (400, 401, 403, 404, 413, 429, 500, 503)
 }
@@ -430,7 +436,11 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
                 row |= _yield_fields(state.yielding)
         return {"object": "list", "data": rows}
 
-    @app.post("/admin/models/load", responses=ERROR_RESPONSES)
+    @app.post(
+        "/admin/models/load",
+        responses=ERROR_RESPONSES,
+        openapi_extra=small_body_doc(("model",), model="string"),
+    )
     async def load_model(request: Request) -> dict[str, Any]:
         name = _admin_model_name(await request.body())
         if state.yielding is not None and state.yielding.state != "serving":
@@ -438,7 +448,11 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
         slot = await fleet.load(name)
         return {"model": slot.name, "status": slot.status}
 
-    @app.post("/admin/models/unload", responses=ERROR_RESPONSES)
+    @app.post(
+        "/admin/models/unload",
+        responses=ERROR_RESPONSES,
+        openapi_extra=small_body_doc(("model",), model="string"),
+    )
     async def unload_model(request: Request) -> dict[str, Any]:
         name = _admin_model_name(await request.body())
         unloaded = await fleet.unload(name)
