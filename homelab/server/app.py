@@ -50,6 +50,7 @@ from homelab.server.anthropic_protocol import (
     MessageTokensCount,
 )
 from homelab.server.auth import TenantLimiter
+from homelab.server.body_shape import SCAN_FROM_BYTES, check_body_shape
 from homelab.server.config import ServerConfig
 from homelab.server.engine_seam import EngineLike
 from homelab.server.errors import (
@@ -215,7 +216,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         ) from None
     context = image_context(server_state(request.app).config.image_policy)
     try:
-        if model in TEXT_ONLY_MODELS:
+        if model in TEXT_ONLY_MODELS and len(raw) < SCAN_FROM_BYTES:
             return _validated(model, raw, context)
         # whatever its spelling (a JSON escape hides the bytes "image"), a body of a route that
         # takes images may decode (or fetch) them: validated off the event loop, always
@@ -225,6 +226,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
 
 
 def _validated(model: type[Body], raw: bytes, context: dict[str, Any]) -> Body:
+    check_body_shape(raw)  # before the parse, which holds the GIL however long it takes
     return model.model_validate_json(raw, context=context)
 
 
