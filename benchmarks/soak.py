@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -65,7 +66,8 @@ class Tally:
     served: int = 0
     refused: Counter[int] = field(default_factory=Counter)  # clean 429/503, by status
     dropped: int = 0  # streams the client itself cut short
-    bad: list[str] = field(default_factory=list)  # lost or garbled: must stay empty
+    bad: list[str] = field(default_factory=list)  # garbled (a 200 not as it should be): none
+    lost: list[str] = field(default_factory=list)  # no answer (an error, a broken transfer): none
     ttft_s: list[float] = field(default_factory=list)
     prompt_tokens: dict[str, int] = field(default_factory=dict)  # prompt -> prompt tokens
     tokens: int = 0
@@ -73,6 +75,10 @@ class Tally:
     def garbled(self, what: str) -> None:
         if len(self.bad) < 1000:
             self.bad.append(what)
+
+    def lose(self, what: str) -> None:
+        if len(self.lost) < 1000:
+            self.lost.append(what)
 
 
 @dataclass
@@ -85,15 +91,18 @@ class Health:
 # --- one request --------------------------------------------------------------------------
 
 
-def make_request(rng: random.Random) -> tuple[str, dict[str, Any], str]:
-    """(path, body, prompt key) of a random request."""
-    chat = rng.random() < 0.5
+def make_request(
+    rng: random.Random, model: str = "bench", chat_share: float = 0.5, stream_share: float = 0.5
+) -> tuple[str, dict[str, Any], str]:
+    """(path, body, prompt key) of a random request: a chat completion ``chat_share`` of the
+    time (else a text completion), streamed ``stream_share`` of the time."""
+    chat = rng.random() < chat_share
     n = rng.randrange(PROMPTS)
     words = " ".join(WORDS[(n * 7 + i * 3) % len(WORDS)] for i in range(8 + 4 * n))
     body: dict[str, Any] = {
-        "model": "bench",
+        "model": model,
         "max_tokens": rng.randint(8, 48),
-        "stream": rng.random() < 0.5,
+        "stream": rng.random() < stream_share,
         "logit_bias": BANNED_END_TOKENS,
         "seed": rng.randrange(1 << 30),
     }
@@ -233,7 +242,7 @@ def refusal(tally: Tally, response: httpx.Response, key: str) -> float:
     except (ValueError, KeyError, TypeError):
         clean = False
     if not clean:
-        tally.garbled(f"{key}: status {response.status_code} {response.text[:200]}")
+        tally.lose(f"{key}: status {response.status_code} {response.text[:200]}")
         return 0.0
     tally.refused[response.status_code] += 1
     return float(retry_after)
@@ -242,14 +251,25 @@ def refusal(tally: Tally, response: httpx.Response, key: str) -> float:
 # --- clients and watchers -----------------------------------------------------------------
 
 
+RequestMaker = Callable[[random.Random], tuple[str, dict[str, Any], str]]
+
+
 async def client_loop(
-    url: str, api_key: str, index: int, drop: bool, deadline: float, tally: Tally
+    url: str,
+    api_key: str,
+    index: int,
+    drop: bool,
+    deadline: float,
+    tally: Tally,
+    make: RequestMaker = make_request,
 ) -> None:
+    """One client's requests (``make``, from a generator seeded by ``index``) until
+    ``deadline``, each answer checked into ``tally``."""
     rng = random.Random(index)
     headers = {"Authorization": f"Bearer {api_key}"}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300) as client:
         while time.monotonic() < deadline:
-            path, body, key = make_request(rng)
+            path, body, key = make(rng)
             if drop:
                 body["stream"], body["stream_options"] = True, {"include_usage": True}
             try:
@@ -258,7 +278,7 @@ async def client_loop(
                 else:
                     wait_s = await non_streaming(client, path, body, key, tally)
             except (httpx.HTTPError, ValueError) as exc:
-                tally.garbled(f"{key}: {type(exc).__name__}: {exc}")
+                tally.lose(f"{key}: {type(exc).__name__}: {exc}")
                 wait_s = 1.0
             await asyncio.sleep(min(wait_s, max(0.0, deadline - time.monotonic())))
 
@@ -344,11 +364,16 @@ async def idle_state(url: str) -> dict[str, float]:
 # --- the run ------------------------------------------------------------------------------
 
 
-def write_keys(path: Path) -> None:
+def write_keys(
+    path: Path, tenants: dict[str, tuple[str, int]] = TENANTS, admins: tuple[str, ...] = ()
+) -> None:
+    """A keys file: each tenant's key (hashed) and concurrency limit; ``admins`` may use the
+    admin routes."""
     lines = ["[keys]"]
-    lines += [f'"{hash_key(key)}" = "{name}"' for name, (key, _) in TENANTS.items()]
-    for name, (_, limit) in TENANTS.items():
+    lines += [f'"{hash_key(key)}" = "{name}"' for name, (key, _) in tenants.items()]
+    for name, (_, limit) in tenants.items():
         lines += [f"[tenants.{name}]", f"max_concurrent_requests = {limit}"]
+        lines += ["admin = true"] if name in admins else []
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
@@ -391,7 +416,7 @@ def report(
         ("completion tokens", f"{tally.tokens} ({tally.tokens / elapsed_s:.0f} tok/s)"),
         ("refused, clean (Retry-After)", refused or "0"),
         ("streams dropped by the client", str(tally.dropped)),
-        ("lost or garbled", str(len(tally.bad))),
+        ("lost or garbled", str(len(tally.lost) + len(tally.bad))),
         ("TTFT p50 / p95 (streams)", ttft),
         ("RSS after warm-up", f"{rss[0] / mib:.1f} MiB"),
         ("RSS max during / after", f"{max(rss) / mib:.1f} / {after / mib:.1f} MiB"),
@@ -434,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(2)
         after = process_rss_bytes(server.pid)
     print(report(args, tally, health, rss, after, elapsed_s, idle))
-    for line in tally.bad[:20]:
+    for line in (tally.lost + tally.bad)[:20]:
         print("  lost/garbled:", line, file=sys.stderr)
     out = HERE / "out" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(
@@ -445,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 "refused": dict(tally.refused),
                 "dropped": tally.dropped,
                 "bad": tally.bad,
+                "lost": tally.lost,
                 "ttft_s": tally.ttft_s,
                 "health_s": health.latencies_s,
                 "health_at_s": health.at_s,
@@ -456,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"saved {out}", file=sys.stderr)
-    return 0 if not tally.bad and not health.failures else 1
+    return 0 if not tally.bad and not tally.lost and not health.failures else 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ config.py      ServerConfig
 metrics.py     Prometheus text exposition
 anthropic_protocol.py, responses_protocol.py   wire types (strict validation)
 response_store.py   stored responses per tenant (previous_response_id), bounded, a share each, a TTL
+body_shape.py  a body's JSON values counted (numpy, GIL let go) before the parse that holds it
 protocol.py    OpenAI's wire types, and WireModel: the base of every dialect's wire types
 auth.py        keys file (hashes -> tenants), per-tenant limits
 errors.py      one error type; exception type -> HTTP status; each dialect's envelope

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
+    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -55,7 +56,7 @@ TOOL_NAME_PATTERN = r"^[A-Za-z0-9_\-]{1,128}$"
 
 class TextBlock(WireModel):
     type: Literal["text"]
-    text: str
+    text: str = Field(json_schema_extra={"pattern": r"\S"})  # a blank one is refused
 
 
 class ImageBlock(WireModel):
@@ -167,7 +168,38 @@ def _joined_text(blocks: list[Any]) -> str:
     return "\n".join(block.text for block in parsed if isinstance(block, TextBlock))
 
 
+def _blocks_by_role(schema: dict[str, Any]) -> None:
+    """The document says which blocks each role's content takes (``ROLE_BLOCKS``): one
+    shape per role, its content a non-blank string or a list of those blocks."""
+    schema.pop("properties")
+    schema["anyOf"] = [
+        {
+            "properties": {
+                "role": {"enum": [role]},
+                "content": {
+                    "anyOf": [
+                        {"type": "string", "pattern": r"\S"},
+                        {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"anyOf": [_block_ref(kind) for kind in kinds]},
+                        },
+                    ]
+                },
+            },
+            "required": ["role", "content"],
+        }
+        for role, kinds in ROLE_BLOCKS.items()
+    ]
+
+
+def _block_ref(kind: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{BLOCK_TYPES[kind].__name__}"}
+
+
 class MessageParam(WireModel):
+    model_config = ConfigDict(json_schema_extra=_blocks_by_role)
+
     role: Literal["user", "assistant", "system"]
     content: Any
 

@@ -43,6 +43,7 @@ from homelab.server import (
     yield_admin,
 )
 from homelab.server.anthropic_protocol import (
+    BLOCK_TYPES,
     AnthropicErrorResponse,
     CountTokensRequest,
     MessageResponse,
@@ -50,6 +51,7 @@ from homelab.server.anthropic_protocol import (
     MessageTokensCount,
 )
 from homelab.server.auth import KeyFile, Tenant, TenantLimiter
+from homelab.server.body_shape import SCAN_FROM_BYTES, check_body_shape
 from homelab.server.config import ServerConfig
 from homelab.server.engine_seam import EngineLike
 from homelab.server.errors import (
@@ -82,6 +84,7 @@ from homelab.server.protocol import (
     ModelCard,
     ModelList,
     body_doc,
+    small_body_doc,
 )
 from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
@@ -95,7 +98,11 @@ NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (
     embeddings.EmbeddingRequest,
     *OLLAMA_REQUEST_MODELS,
 )
-ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (MessagesRequest, CountTokensRequest)
+ANTHROPIC_MODELS: tuple[type[BaseModel], ...] = (
+    MessagesRequest,
+    CountTokensRequest,
+    *BLOCK_TYPES.values(),  # content blocks, named by MessageParam's content
+)
 ANTHROPIC_ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": AnthropicErrorResponse} for status in (400, 401, 403, 404, 413, 429, 500, 503)
 }
@@ -248,7 +255,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
         ) from None
     context = image_context(server_state(request.app).config.image_policy)
     try:
-        if model in TEXT_ONLY_MODELS:
+        if model in TEXT_ONLY_MODELS and len(raw) < SCAN_FROM_BYTES:
             return _validated(model, raw, context)
         # whatever its spelling (a JSON escape hides the bytes "image"), a body of a route that
         # takes images may decode (or fetch) them: validated off the event loop, always
@@ -258,6 +265,7 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
 
 
 def _validated(model: type[Body], raw: bytes, context: dict[str, Any]) -> Body:
+    check_body_shape(raw)  # before the parse, which holds the GIL however long it takes
     return model.model_validate_json(raw, context=context)
 
 
@@ -472,7 +480,11 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
                 row |= _yield_fields(state.yielding)
         return {"object": "list", "data": rows}
 
-    @app.post("/admin/models/load", responses=ERROR_RESPONSES)
+    @app.post(
+        "/admin/models/load",
+        responses=ERROR_RESPONSES,
+        openapi_extra=small_body_doc(("model",), model="string"),
+    )
     async def load_model(request: Request) -> dict[str, Any]:
         name = _admin_model_name(await request.body())
         if state.yielding is not None and state.yielding.state != "serving":
@@ -480,7 +492,11 @@ def _add_fleet_routes(app: FastAPI, state: ServerState, fleet: Fleet) -> None:
         slot = await fleet.load(name)
         return {"model": slot.name, "status": slot.status}
 
-    @app.post("/admin/models/unload", responses=ERROR_RESPONSES)
+    @app.post(
+        "/admin/models/unload",
+        responses=ERROR_RESPONSES,
+        openapi_extra=small_body_doc(("model",), model="string"),
+    )
     async def unload_model(request: Request) -> dict[str, Any]:
         name = _admin_model_name(await request.body())
         unloaded = await fleet.unload(name)

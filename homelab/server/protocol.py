@@ -105,7 +105,30 @@ ContentJson = WithJsonSchema(
 )
 
 
+def _content_or_calls(schema: dict[str, Any]) -> None:
+    """The document says what ``ChatMessage._content_present`` checks: every message has
+    content (not null), but an assistant's that carries tool calls."""
+    properties = schema.pop("properties")
+    schema.pop("required", None)
+    content = {"anyOf": [s for s in properties["content"]["anyOf"] if s != {"type": "null"}]}
+    calls = next(s for s in properties["tool_calls"]["anyOf"] if s.get("type") == "array")
+    with_content = {
+        "properties": properties | {"content": content},
+        "required": ["role", "content"],
+    }
+    assistant_calls = properties | {
+        "role": {"enum": ["assistant"]},
+        "tool_calls": calls | {"minItems": 1},
+    }
+    schema["anyOf"] = [
+        with_content,
+        {"properties": assistant_calls, "required": ["role", "tool_calls"]},
+    ]
+
+
 class ChatMessage(WireModel):
+    model_config = ConfigDict(json_schema_extra=_content_or_calls)
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[Any, ContentJson] = None
     name: str | None = None
@@ -573,3 +596,12 @@ def body_doc(name: str) -> dict[str, Any]:
     hand from raw bytes, so FastAPI cannot see them)."""
     schema = {"$ref": f"#/components/schemas/{name}"}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def small_body_doc(required: tuple[str, ...] = (), **types: str) -> dict[str, Any]:
+    """``openapi_extra`` of an admin route whose small JSON body is read by hand: its fields
+    and their JSON types (``model="string"``), the ``required`` ones first."""
+    properties = {name: {"type": kind} for name, kind in types.items()}
+    schema = {"type": "object", "properties": properties, "required": list(required)}
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": bool(required), "content": content}}

@@ -25,12 +25,13 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 import anyio
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 
 from homelab.engine.prompt_cache.slot_states import SLOT_ACTIONS
 from homelab.engine.prompt_cache.store import PromptCache
 from homelab.errors import BusyError, EngineError
 from homelab.server.errors import ApiError, invalid_request, json_body_name
+from homelab.server.protocol import small_body_doc
 
 log = logging.getLogger("homelab.server")
 
@@ -86,9 +87,12 @@ def add_routes(
         states = await anyio.to_thread.run_sync(engine.slot_states)
         return {"object": "list", "data": [asdict(state) for state in states]}
 
-    @app.post("/admin/slots/{slot_id}")
+    @app.post("/admin/slots/{slot_id}", openapi_extra=small_body_doc(tenant="string"))
     async def act_on_slot(
-        slot_id: int, request: Request, action: str, model: str | None = None
+        slot_id: int,
+        request: Request,
+        action: str = Query(json_schema_extra={"enum": list(SLOT_ACTIONS)}),
+        model: str | None = None,
     ) -> dict[str, Any]:
         if action not in SLOT_ACTIONS:
             raise invalid_request(f"action must be one of {', '.join(SLOT_ACTIONS)}.", "action")

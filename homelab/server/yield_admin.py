@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from homelab.server.errors import invalid_request
+from homelab.server.protocol import small_body_doc
 from homelab.server.yielding import YieldController
 
 
@@ -26,7 +27,7 @@ def add_routes(app: FastAPI, controller: YieldController) -> None:
     async def yield_status() -> dict[str, Any]:
         return controller.status()
 
-    @app.post("/admin/yield")
+    @app.post("/admin/yield", openapi_extra=small_body_doc(wait="boolean", reason="string"))
     async def yield_gpu(request: Request) -> dict[str, Any]:
         wait, reason = _yield_body(await request.body())
         task = controller.spawn(controller.yield_gpu("asked", reason))

@@ -5,6 +5,7 @@ Each is a prompt 400 that says what was wrong, and the server keeps answering me
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -13,38 +14,28 @@ from typing import Any
 
 import httpx
 import pytest
-from server_helpers import MODEL_ID, alice_headers, assert_still_serving
-from test_image_requests import PNG, _chat_with
+from server_helpers import MODEL_ID, alice_headers, assert_still_serving, make_keys
+from test_hostile_requests import HEALTH_BUDGET_S, posted_while_probing_health
+from test_image_requests import PNG, _chat_with, chat_body
 
+from benchmarks.hostile_inputs import many_properties_body
+from homelab.engine.engine import Engine
 from homelab.errors import ConfigError, EngineError
+from homelab.server.config import ServerConfig
 from homelab.server.fleet import MAX_KEEP_ALIVE_S, parse_keep_alive
 from homelab.server.image_parts import ImagePolicy
-from homelab.server.runner import ServerHandle
+from homelab.server.runner import ServerHandle, start_server
 from homelab.server.tools import FORMATS, forced_call_grammar
 
 # --- forced tool_choice -------------------------------------------------------------------------
 
 
-def many_properties_body(n_properties: int) -> dict[str, Any]:
-    properties = {f"p{i}": {"type": "integer"} for i in range(n_properties)}
-    tool = {
-        "type": "function",
-        "function": {"name": "f", "parameters": {"type": "object", "properties": properties}},
-    }
-    return {
-        "model": MODEL_ID,
-        "max_tokens": 2,
-        "messages": [{"role": "user", "content": "hi"}],
-        "tools": [tool],
-        "tool_choice": "required",
-    }
-
-
 def test_a_forced_call_over_a_huge_schema_is_a_quick_400(server: ServerHandle) -> None:
-    body = many_properties_body(200_000)
+    raw = many_properties_body(MODEL_ID, 40_000)  # ~80,000 JSON values: parsed, then bounded
+    headers = {**alice_headers(), "Content-Type": "application/json"}
     with httpx.Client(base_url=server.url, timeout=120) as http:
         started = time.monotonic()
-        response = http.post("/v1/chat/completions", json=body, headers=alice_headers())
+        response = http.post("/v1/chat/completions", content=raw, headers=headers)
         elapsed_s = time.monotonic() - started
         assert response.status_code == 400, response.text
         assert "characters" in response.json()["error"]["message"]
@@ -53,11 +44,24 @@ def test_a_forced_call_over_a_huge_schema_is_a_quick_400(server: ServerHandle) -
         assert_still_serving(http)
 
 
+def test_a_million_properties_are_refused_before_the_parse_freezes_the_server(
+    server: ServerHandle,
+) -> None:
+    """The issue's forced call over ~1M properties: a 25 MB body whose parse held the GIL
+    (and so /health) for a second or two, off the event loop or not."""
+    raw = many_properties_body(MODEL_ID)
+    answers, latencies = posted_while_probing_health(server, "/v1/chat/completions", raw, 3)
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["code"] == "body_too_complex"
+    assert max(latencies) < HEALTH_BUDGET_S, f"/health took {max(latencies):.3f} s"
+
+
 @pytest.mark.parametrize("family", ["qwen3-coder", "glm", "minimax-m2", "lfm2"])
 def test_a_forced_call_in_a_tagged_family_bounds_the_schemas_total(family: str) -> None:
     """Tagged and Python-call families convert each property on its own (each under the
     per-schema cap): the total is bounded before any is converted."""
-    tools = many_properties_body(100_000)["tools"]
+    tools = json.loads(many_properties_body(MODEL_ID, 100_000))["tools"]
     started = time.monotonic()
     with pytest.raises(EngineError, match="characters"):
         forced_call_grammar(tools, None, FORMATS[family])
@@ -134,6 +138,39 @@ def test_broken_http_from_an_image_url_is_a_clear_refusal(
     with pytest.raises(ValueError, match=says) as refused:
         _chat_with(url, POLICY)
     assert "image" in str(refused.value)
+
+
+@pytest.fixture(scope="module")
+def url_server(engine: Engine) -> Iterator[ServerHandle]:
+    """The session's engine behind a server that fetches image URLs, loopback ones too."""
+    config = ServerConfig(
+        model_id=MODEL_ID, keys=make_keys(), default_max_tokens=4, allow_private_image_urls=True
+    )
+    handle = start_server(engine, config=config)
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5000\r\nContent-Type: image/png\r\n\r\n" + PNG,
+    ],
+    ids=["bad-status-line", "incomplete-read"],
+)
+def test_broken_http_from_an_image_url_is_a_400_from_the_server(
+    raw_http: Callable[[Callable[[socket.socket], None]], str],
+    url_server: ServerHandle,
+    reply: bytes,
+) -> None:
+    """``http.client``'s BadStatusLine and IncompleteRead were 500s."""
+    url = raw_http(lambda conn: conn.sendall(reply))
+    with httpx.Client(base_url=url_server.url, timeout=60) as http:
+        response = http.post("/v1/chat/completions", json=chat_body(url), headers=alice_headers())
+        assert response.status_code == 400, response.text
+        assert "image" in response.json()["error"]["message"]
+        assert_still_serving(http)
 
 
 # --- keep_alive ---------------------------------------------------------------------------------

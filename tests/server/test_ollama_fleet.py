@@ -16,6 +16,7 @@ import httpx
 import ollama
 import pytest
 
+from benchmarks.hostile_inputs import ABSURD_KEEP_ALIVES, keep_alive_body
 from homelab.cli import build_parser
 from homelab.cli.serve import build_fleet
 from homelab.models.launch import plan_file
@@ -102,3 +103,20 @@ def test_an_unknown_model_is_a_404_in_ollama_shape(olla: ollama.Client) -> None:
     with pytest.raises(ollama.ResponseError) as refused:
         olla.chat(model="nope", messages=[{"role": "user", "content": "hi"}])
     assert refused.value.status_code == 404 and "nope" in refused.value.error
+
+
+@pytest.mark.parametrize(
+    "keep_alive", ABSURD_KEEP_ALIVES, ids=["400-digits", "400-digit-text", "1e308", "99999999h"]
+)
+def test_an_absurd_keep_alive_is_a_400_and_the_fleet_still_reports(
+    fleet_server: ServerHandle, keep_alive: object
+) -> None:
+    """A keep_alive of 400 digits was taken as the model's expiry: ``/admin/models`` and
+    ``/api/ps`` then answered 500 for everyone (issue 39)."""
+    with httpx.Client(base_url=fleet_server.url, timeout=120) as http:
+        raw = keep_alive_body(name_of("llama"), keep_alive)
+        response = http.post("/api/chat", content=raw, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert "keep_alive" in response.json()["error"]
+        assert http.get("/admin/models").status_code == 200
+        assert http.get("/api/ps").status_code == 200

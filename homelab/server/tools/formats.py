@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from homelab.server.tools.scan import Malformed, could_become, skip_space
+from homelab.server.tools.scan import Malformed, could_become, held_suffix, skip_space
 from homelab.server.tools.toolset import ToolSet
 
 
@@ -148,9 +148,9 @@ def name_until(text: str, pos: int, ends: tuple[str, ...]) -> tuple[str, int, st
     """The text from ``pos`` to the first of ``ends`` (and which one), or None while none has
     arrived; a name longer than any real one is refused."""
     found = [(i, e) for e in ends if (i := text.find(e, pos)) >= 0]
-    if not found:
-        if len(text) - pos > MAX_NAME:
-            raise Malformed("a tool name runs on")
-        return None
-    at, end = min(found)
-    return text[pos:at], at, end
+    # the name's length so far (not counting what may be the start of its end), so that a
+    # text is refused the same whether it arrived whole or a character at a time
+    at, end = min(found) if found else (len(text) - held_suffix(text[pos:], ends), "")
+    if at - pos > MAX_NAME:
+        raise Malformed("a tool name runs on")
+    return (text[pos:at], at, end) if found else None

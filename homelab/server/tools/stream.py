@@ -160,15 +160,14 @@ class ToolCallStream:
         return ToolCall(call_id, call.name, arguments) if streamed == call.arguments else None
 
     def _give_up(self, scan: Scan) -> list[StreamPiece]:
-        """The region is not a call after all: its text goes back to the content (from the
-        marker on, when no call was started, so a later marker is still found)."""
+        """The region is not a call after all: its marker goes back to the content and the
+        text after it is read again, so a later marker is still found (as in a whole reply)."""
         log.debug("not a tool call (%s): %.80r", scan.failed, self._buffer)
         self._in_region = False
         if self._sent:  # the stream already showed a call start: the client sees it unfinished
             log.warning("a tool call the model began is malformed (%s)", scan.failed)
             self._index += len(self._sent)  # its index is spent: the next call gets a new one
-            text, self._buffer, self._sent = self._buffer, "", []
-            return [ContentDelta(text)]
+            self._sent = []
         marker = next((m for m in self._format.markers() if self._buffer.startswith(m)), "")
         cut = max(1, len(marker))
         text, self._buffer = self._buffer[:cut], self._buffer[cut:]

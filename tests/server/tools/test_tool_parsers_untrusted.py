@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 import pytest
@@ -23,8 +24,9 @@ from homelab.engine.api import TokenEvent
 from homelab.server.pieces import ContentDelta, StreamPiece, ToolCall, ToolCallArgs, ToolCallStart
 from homelab.server.reasoning import ReasoningFormat
 from homelab.server.replies import ReplyStream
-from homelab.server.tools import FORMATS, ToolCallStream, ToolFormat, ToolSet
+from homelab.server.tools import FORMATS, ToolCallStream, ToolFormat, ToolSet, split_tool_calls
 
+EXAMPLES = int(os.environ.get("HOMELAB_HYPOTHESIS_EXAMPLES", "60"))  # more: a deeper run
 TYPED = ToolSet.of(
     [
         {
@@ -202,7 +204,7 @@ def texts_for(name: str) -> st.SearchStrategy[list[str]]:
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_any_text_streams_strict_json_that_matches_the_call(name: str) -> None:
     @settings(
-        max_examples=60,
+        max_examples=EXAMPLES,
         deadline=None,
         database=None,
         suppress_health_check=list(HealthCheck),
@@ -217,3 +219,62 @@ def test_any_text_streams_strict_json_that_matches_the_call(name: str) -> None:
             assert len(shown) <= len(text)  # nothing the model did not write
 
     property_holds()
+
+
+def calls_of(pieces: list[StreamPiece]) -> list[tuple[str, Any]]:
+    return [(p.name, strict(p.arguments_json)) for p in pieces if isinstance(p, ToolCall)]
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_the_whole_reply_parses_to_the_calls_its_stream_made(name: str) -> None:
+    """A finished message (``split_tool_calls``, what a non-streamed answer returns) holds
+    the calls its stream sent, however the text arrived."""
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(chunks=texts_for(name), split=st.booleans())
+    def property_holds(chunks: list[str], split: bool) -> None:
+        text = "".join(chunks)
+        for tools in (TOOLS, TYPED):
+            streamed = run(FORMATS[name], list(text) if split else chunks, tools)
+            _, whole = split_tool_calls(text, FORMATS[name], tools)
+            assert calls_of(streamed) == calls_of(whole)
+
+    property_holds()
+
+
+HARMONY_ATOMS = (
+    "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>",
+    "assistant", "analysis", "commentary", "final", " to=functions.get_weather",
+    " to=functions.", " to=", "to=", " json", "<|constrain|>json", "functions.get_weather",
+)  # fmt: skip
+
+
+@settings(max_examples=4 * EXAMPLES, deadline=None, database=None)
+@given(
+    chunks=st.lists(
+        st.one_of(
+            st.sampled_from(HARMONY_ATOMS + HOSTILE),
+            st.just(GPT_OSS_CALL),
+            st.integers(0, len(GPT_OSS_CALL)).map(lambda at: GPT_OSS_CALL[:at]),
+            st.text(max_size=6),
+        ),
+        max_size=14,
+    ),
+    split=st.booleans(),
+)
+def test_any_harmony_reply_streams_strict_json_that_matches_the_call(
+    chunks: list[str], split: bool
+) -> None:
+    """gpt-oss: its channels split by the harmony splitter, calls (recipient in the role
+    header or after the channel) parsed as the gpt-oss family."""
+    text = "".join(chunks)
+    stream = ReplyStream(
+        ReasoningFormat("harmony"), parse_tools=True, tool_format=FORMATS["gpt-oss"]
+    )
+    pieces = [p for c in (list(text) if split else chunks) for p in stream.feed(TokenEvent(c, 0))]
+    check_pieces(pieces + stream.finish())
