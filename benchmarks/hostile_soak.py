@@ -17,7 +17,9 @@ local). Three tenants: ``alice`` (the normal clients), ``mallory`` (the hostile 
   absurd ``keep_alive`` values (then ``/admin/models``), an image URL served one byte every
   9 s, image URLs answering broken HTTP, malformed bodies, and streams dropped after their
   first event;
-- ``/health`` is asked four times a second from a process of its own.
+- ``/health`` is asked four times a second from a process of its own, from the start until
+  ``HEALTH_TAIL_S`` after ``--seconds`` (the requests in flight then, a slow image URL's
+  included, finish within it).
 
 When every client has returned, ``/admin/models`` is polled until no slot is busy and nothing
 is in flight. Printed: ``/health`` p50/p99/max, normal answers ok/lost/garbled, hostile
@@ -71,6 +73,7 @@ TENANTS = {
     "ops": ("hl-hostile-soak-ops-key", 4),
 }  # key, max concurrent
 IDLE_LIMIT_S = 2.0
+HEALTH_TAIL_S = 20.0  # /health is watched this long past --seconds, while the last requests end
 DRIBBLE_EVERY_S = 9.0  # the slow image server's pace: one byte, then this long
 HOSTILE_TIMEOUT_S = 120.0
 CLASSES = (
@@ -370,16 +373,22 @@ async def soak(args: argparse.Namespace, url: str, target: Target) -> Outcome:
     deadline = started + args.seconds
     chat = partial(make_request, model=target.model, chat_share=1.0, stream_share=1.0)
     normal_key = TENANTS["alice"][0]
-    *_, hostile = await asyncio.gather(
-        collect_health(url, args.seconds, health),
-        *(
-            client_loop(url, normal_key, args.seed + i, False, deadline, tally, chat)
-            for i in range(args.clients)
-        ),
-        hostile_mix(url, args, target),
+
+    async def mix() -> tuple[Hostile, float, float, list[Any]]:
+        normal = asyncio.gather(
+            *(
+                client_loop(url, normal_key, args.seed + i, False, deadline, tally, chat)
+                for i in range(args.clients)
+            )
+        )
+        hostile, _ = await asyncio.gather(hostile_mix(url, args, target), normal)
+        mix_s = time.monotonic() - started
+        idle_s, rows = await seconds_until_idle(url)
+        return hostile, mix_s, idle_s, rows
+
+    _, (hostile, mix_s, idle_s, rows) = await asyncio.gather(
+        collect_health(url, args.seconds + HEALTH_TAIL_S, health), mix()
     )
-    mix_s = time.monotonic() - started
-    idle_s, rows = await seconds_until_idle(url)
     return Outcome(tally, health, hostile, mix_s, idle_s, rows)
 
 
