@@ -15,6 +15,7 @@ from typing import Any
 
 PADDING_BYTES = 6 * 1024 * 1024  # well under the 20 MiB image cap
 HUGE_SCHEMA_PROPERTIES = 1_000_000  # ~25 MB of body, under the 32 MiB cap
+MANY_TURNS = 16_000  # messages of one body: under server.body_shape.MAX_JSON_OBJECTS
 BAD_TOOL_TYPES = ("web_search_é€", "web\r\nX-Evil: 1", "ok\x00")
 ABSURD_KEEP_ALIVES: tuple[Any, ...] = (int("9" * 400), "9" * 400, 1e308, "99999999h")
 
@@ -77,6 +78,14 @@ def many_properties_body(model: str, n_properties: int = HUGE_SCHEMA_PROPERTIES)
         "tools": [tool],
         "tool_choice": "required",
     }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def many_turns_body(model: str, n_turns: int = MANY_TURNS) -> bytes:
+    """Anthropic Messages of ``n_turns`` one-word turns: just under the body's object bound,
+    the costliest body per byte that is parsed (~14 µs a turn of Python validators)."""
+    turns = [{"role": ("user", "assistant")[i % 2], "content": f"w{i}"} for i in range(n_turns | 1)]
+    body = {"model": model, "max_tokens": 1, "messages": turns}
     return json.dumps(body, separators=(",", ":")).encode()
 
 

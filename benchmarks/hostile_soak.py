@@ -80,6 +80,7 @@ CLASSES = (
     "rle-bomb",
     "hosted-tool-type",
     "huge-tool-schema",
+    "many-turns",
     "absurd-keep-alive",
     "slow-image-url",
     "broken-image-url",
@@ -217,6 +218,17 @@ def huge_schema_body(model: str) -> bytes:
     return inputs.many_properties_body(model)
 
 
+async def many_turns(client: httpx.AsyncClient, target: Target, n: int, hostile: Hostile) -> None:
+    raw = many_turns_body(target.model)
+    await expect(client, "many-turns", hostile, "/v1/messages", raw)
+
+
+@cache
+def many_turns_body(model: str) -> bytes:
+    """16,000 Anthropic turns: parsed (just under the object bound), then too long a prompt."""
+    return inputs.many_turns_body(model)
+
+
 async def absurd_keep_alive(
     client: httpx.AsyncClient, target: Target, n: int, hostile: Hostile
 ) -> None:
@@ -284,6 +296,7 @@ ATTACKS: dict[str, Attack] = {
     "rle-bomb": rle_bomb,
     "hosted-tool-type": hosted_tool_type,
     "huge-tool-schema": huge_tool_schema,
+    "many-turns": many_turns,
     "absurd-keep-alive": absurd_keep_alive,
     "slow-image-url": slow_image_url,
     "broken-image-url": broken_image_url,
@@ -342,7 +355,7 @@ def hostile_process(
     """The hostile clients, in a process of their own: building and sending their bodies
     (25 MB of them) must not slow the normal clients' loop, whose timings are measured."""
     hostile = Hostile()
-    rle_bomb_body(target.model), huge_schema_body(target.model)
+    rle_bomb_body(target.model), huge_schema_body(target.model), many_turns_body(target.model)
     deadline = time.monotonic() + seconds
 
     async def run_all() -> None:

@@ -436,6 +436,7 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyFile | None) ->
         volatile_patterns=patterns,
         history_reasoning=file.history_reasoning and not args.no_history_reasoning,
         model_id=args.model_id or model_path.stem,
+        model_aliases=_typed_name(args, args.model_id or model_path.stem),
         host=args.host,
         port=args.port,
         keys=keys,
@@ -452,6 +453,13 @@ def _config(args: argparse.Namespace, model_path: Path, keys: KeyFile | None) ->
         stored_response_bytes=args.stored_responses_mib * MIB,
         stored_response_tenant_share=args.stored_responses_tenant_share,
     )
+
+
+def _typed_name(args: argparse.Namespace, model_id: str) -> tuple[str, ...]:
+    """The MODEL as typed (``qwen2.5:7b``, ``demo:bench:Q8_0``, a path): requests may name it
+    too, as Ollama's clients do; ``/v1/models`` lists ``model_id``."""
+    typed = getattr(args, "model", None)
+    return (typed,) if isinstance(typed, str) and typed and typed != model_id else ()
 
 
 def _check_aliases(config: ServerConfig, served: list[str]) -> None:

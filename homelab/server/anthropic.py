@@ -62,6 +62,7 @@ from homelab.server.serving import (
     check_finish,
     check_model_name,
     merged_events,
+    off_the_loop_when_long,
     record,
     respond,
     submit_choices,
@@ -83,7 +84,10 @@ TOOL_CHOICES = {"any": "required", "auto": "auto", "none": "none"}  # "tool": fu
 async def create_message(ctx: RequestContext, req: MessagesRequest) -> Response:
     check_model_name(ctx.config, req.model)
     knobs = SamplingKnobs(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
-    prepared = await prepare_chat(ctx, chat_inputs(req), knobs, req.max_tokens, budget="clamp")
+    inputs = await off_the_loop_when_long(
+        ctx, functools.partial(chat_inputs, req), len(req.messages)
+    )
+    prepared = await prepare_chat(ctx, inputs, knobs, req.max_tokens, budget="clamp")
     ctx.new_id("msg_")
     handles, submitted = submit_choices(ctx, [prepared.prompt], 1, prepared.sampling_for)
     choices = prepared.reply.choices(submitted, handles)
@@ -98,7 +102,10 @@ async def create_message(ctx: RequestContext, req: MessagesRequest) -> Response:
 
 async def count_tokens(ctx: RequestContext, req: CountTokensRequest) -> Response:
     check_model_name(ctx.config, req.model)
-    rendered = await render_chat(ctx, chat_inputs(req))
+    inputs = await off_the_loop_when_long(
+        ctx, functools.partial(chat_inputs, req), len(req.messages)
+    )
+    rendered = await render_chat(ctx, inputs)
     return JSONResponse({"input_tokens": rendered.n_prompt_tokens})
 
 

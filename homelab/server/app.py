@@ -90,7 +90,7 @@ from homelab.server.protocol import ChatCompletion as ChatCompletionResponse
 from homelab.server.protocol import Completion as CompletionResponse
 from homelab.server.response_store import ResponseStore
 from homelab.server.responses_protocol import ResponsesRequest
-from homelab.server.serving import RequestContext
+from homelab.server.serving import RequestContext, preparation_lane
 from homelab.server.yielding import YieldController
 
 NEW_DIALECT_MODELS: tuple[type[BaseModel], ...] = (
@@ -259,7 +259,8 @@ async def parse_body(request: Request, model: type[Body]) -> Body:
             return _validated(model, raw, context)
         # whatever its spelling (a JSON escape hides the bytes "image"), a body of a route that
         # takes images may decode (or fetch) them: validated off the event loop, always
-        return await anyio.to_thread.run_sync(_validated, model, raw, context)
+        lane = preparation_lane(request.scope)  # one at a time per tenant
+        return await anyio.to_thread.run_sync(_validated, model, raw, context, limiter=lane)
     except ValidationError as exc:
         raise api_error_from_validation(exc) from None
 

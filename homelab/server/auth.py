@@ -40,12 +40,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import anyio
+
 from homelab.engine.prompt_cache.key import tenant_identity
 from homelab.errors import ConfigError
 from homelab.locations import config_dir, ensure_dir
 
 log = logging.getLogger("homelab.server")
 
+PREPARATION_LANE_KEY = "homelab.preparation_lane"  # the scope's TenantLimiter.preparation_lane
 KEYS_FILE_NAME = "keys.toml"
 KEY_PREFIX = "hl-"
 LOCAL_TENANT = "local"
@@ -327,6 +330,7 @@ class _TenantState:
     in_flight: int = 0
     tokens: float = 0.0
     refilled_at: float = 0.0
+    lane: anyio.CapacityLimiter | None = None  # see TenantLimiter.preparation_lane
 
 
 class RateLimited(Exception):
@@ -337,7 +341,8 @@ class RateLimited(Exception):
 
 
 class TenantLimiter:
-    """Per-tenant concurrency and requests-per-minute (token bucket) limits.
+    """Per-tenant concurrency and requests-per-minute (token bucket) limits, kept per identity:
+    a name given to someone new starts with an empty count and a full bucket.
 
     Used from one event loop, so no locking is needed.
     """
@@ -348,7 +353,7 @@ class TenantLimiter:
 
     def acquire(self, tenant: Tenant) -> Callable[[], None]:
         """Admit a request or raise :class:`RateLimited`; returns the release function."""
-        state = self._states.setdefault(tenant.name, _TenantState())
+        state = self._states.setdefault(tenant.identity, _TenantState())
         limits = tenant.limits
         if limits.max_concurrent_requests and state.in_flight >= limits.max_concurrent_requests:
             raise RateLimited(
@@ -368,6 +373,16 @@ class TenantLimiter:
                 state.in_flight -= 1
 
         return release
+
+    def preparation_lane(self, tenant: Tenant) -> anyio.CapacityLimiter:
+        """One worker thread at a time for this tenant's long preparations (a big body's
+        parse, a long conversation's conversion and rendering): Python work that holds the
+        GIL, so a tenant sending many at once would starve every other request, ``/health``
+        included (issue 39's soak: p99 408 ms). Created in the event loop (the gate)."""
+        state = self._states.setdefault(tenant.identity, _TenantState())
+        if state.lane is None:
+            state.lane = anyio.CapacityLimiter(1)
+        return state.lane
 
     def _take_token(self, state: _TenantState, per_minute: int) -> None:
         now = self._clock()

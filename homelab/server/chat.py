@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
 from typing import Any
 
 from starlette.responses import Response
@@ -32,6 +33,7 @@ from homelab.server.serving import (
     check_finish,
     check_model_name,
     merged_events,
+    off_the_loop_when_long,
     record,
     respond,
     submit_choices,
@@ -52,7 +54,8 @@ async def chat_completion(ctx: RequestContext, req: ChatCompletionRequest) -> Re
     check_choices(ctx.config, req.n)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     knobs = SamplingKnobs.of(req, logprobs)
-    prepared = await prepare_chat(ctx, chat_inputs(req), knobs, req.requested_max_tokens())
+    inputs = await off_the_loop_when_long(ctx, partial(chat_inputs, req), len(req.messages))
+    prepared = await prepare_chat(ctx, inputs, knobs, req.requested_max_tokens())
     ctx.new_id("chatcmpl-")
     handles, submitted = submit_choices(ctx, [prepared.prompt], req.n, prepared.sampling_for)
     states = prepared.reply.choices(submitted, handles)

@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from homelab.server.auth import (
     LOCAL_TENANT,
+    PREPARATION_LANE_KEY,
     Keys,
     RateLimited,
     Tenant,
@@ -139,6 +140,7 @@ class TenantGate:
             await send_error(send, error, scope["path"])
             return
         scope[TENANT_KEY] = tenant
+        scope[PREPARATION_LANE_KEY] = self.limiter.preparation_lane(tenant)
         try:
             await self.app(scope, receive, send)
         finally:

@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from fastapi import FastAPI
@@ -65,6 +66,7 @@ from homelab.server.serving import (
     check_finish,
     check_model_name,
     merged_events,
+    off_the_loop_when_long,
     record,
     respond,
     sampling_params,
@@ -238,7 +240,8 @@ async def chat(ctx: RequestContext, req: OllamaChatRequest, timing: Timing) -> R
     if not req.messages:  # Ollama's way to load (or, keep_alive 0, unload) a model
         return JSONResponse(_loaded_only(req.model, req.keep_alive, timing, chat=True))
     check_think(ctx.engine, req.think)
-    return await _generation(ctx, req, chat_inputs(req), timing, chat=True)
+    inputs = await off_the_loop_when_long(ctx, partial(chat_inputs, req), len(req.messages))
+    return await _generation(ctx, req, inputs, timing, chat=True)
 
 
 async def generate(ctx: RequestContext, req: OllamaGenerateRequest, timing: Timing) -> Response:

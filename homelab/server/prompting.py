@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -53,6 +54,8 @@ from homelab.server.serving import (
     RequestContext,
     SamplingKnobs,
     max_tokens_for,
+    off_the_loop_when_long,
+    preparation_lane,
     sampling_params,
     tokenize,
 )
@@ -220,13 +223,8 @@ async def _rendered(
         reasoning_effort=inputs.reasoning_effort,
         default_enable_thinking=ctx.config.enable_thinking,
     )
-    config = ctx.config
-    messages, images = _image_parts_as_markers(ctx.engine, inputs.messages)
-    messages = stable_messages(messages, config.volatile_patterns, config.history_reasoning)
-    if wants_object_arguments(template.source):  # GLM: arguments.items()
-        messages = with_object_arguments(messages)
-    if wants_thinking_field(template.source):  # gpt-oss
-        messages = with_thinking_field(messages)
+    work = partial(_template_messages, ctx, inputs, template)
+    messages, images = await off_the_loop_when_long(ctx, work, len(inputs.messages))
     base = await render_messages(ctx, template, messages, tools, switches)
     text = base + inputs.prefill
     opened = base.rstrip().endswith(THINK_OPEN) and THINK_CLOSE not in inputs.prefill
@@ -235,6 +233,21 @@ async def _rendered(
         return RenderedChat(text, prompt.tokens, tools, template, opened, prompt)
     tokens = await tokenize(ctx.engine, text, add_bos=True)  # the engine drops a doubled BOS
     return RenderedChat(text, tokens, tools, template, opened)
+
+
+def _template_messages(
+    ctx: RequestContext, inputs: ChatInputs, template: TemplateLike
+) -> tuple[list[dict[str, Any]], list[DecodedImage]]:
+    """The messages as this template takes them (images as markers, volatile text out,
+    the family's shapes), and the images in order."""
+    config = ctx.config
+    messages, images = _image_parts_as_markers(ctx.engine, inputs.messages)
+    messages = stable_messages(messages, config.volatile_patterns, config.history_reasoning)
+    if wants_object_arguments(template.source):  # GLM: arguments.items()
+        messages = with_object_arguments(messages)
+    if wants_thinking_field(template.source):  # gpt-oss
+        messages = with_thinking_field(messages)
+    return messages, images
 
 
 def _image_parts_as_markers(
@@ -292,9 +305,14 @@ async def render_messages(
 ) -> str:
     """The prompt for template-shaped messages (``switches``: extra template variables such
     as ``enable_thinking``); a template's refusal is a 400."""
-    chars = sum(len(m["content"]) for m in messages)
-    if chars > ctx.engine.n_ctx_per_slot:
-        refuse_user_text_beyond_context(ctx.engine, messages)
+
+    def checked_chars() -> int:
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > ctx.engine.n_ctx_per_slot:
+            refuse_user_text_beyond_context(ctx.engine, messages)
+        return chars
+
+    chars = await off_the_loop_when_long(ctx, checked_chars, len(messages))
 
     def run() -> str:
         return template.render(messages, tools=tools, add_generation_prompt=True, **switches)
@@ -302,7 +320,7 @@ async def render_messages(
     try:
         if chars + len(str(tools or "")) <= INLINE_CHARS:
             return run()
-        return await anyio.to_thread.run_sync(run)
+        return await anyio.to_thread.run_sync(run, limiter=preparation_lane(ctx.http.scope))
     except EngineError as exc:  # the template refused these messages (e.g. roles must alternate)
         raise invalid_request(str(exc), param="messages") from exc
 

@@ -56,10 +56,12 @@ from homelab.server.responses_protocol import (
 )
 from homelab.server.responses_stream import response_events
 from homelab.server.serving import (
+    INLINE_TURNS,
     RequestContext,
     SamplingKnobs,
     check_finish,
     check_model_name,
+    preparation_lane,
     respond,
     submit_choices,
 )
@@ -145,15 +147,17 @@ def _plain(name: str) -> str:
 
 async def prepare(ctx: RequestContext, req: ResponsesRequest) -> PreparedChat:
     """The one chat preparation, errors named as Responses parameters; off the event loop
-    when images are in the input (an earlier response's are decoded again here)."""
+    when the input is long or holds images (an earlier response's are decoded again here)."""
     check_model_name(ctx.config, req.model)
     policy = ctx.config.image_policy
     knobs = SamplingKnobs(temperature=req.temperature, top_p=req.top_p)
     try:
-        if next(image_parts(req.input), None) is None:
-            inputs = chat_inputs(req, policy)
+        turns = len(req.input) if isinstance(req.input, list) else 1
+        if turns > INLINE_TURNS or next(image_parts(req.input), None) is not None:
+            lane = preparation_lane(ctx.http.scope)  # long, or images to decode
+            inputs = await anyio.to_thread.run_sync(chat_inputs, req, policy, limiter=lane)
         else:
-            inputs = await anyio.to_thread.run_sync(chat_inputs, req, policy)
+            inputs = chat_inputs(req, policy)
         return await prepare_chat(ctx, inputs, knobs, req.max_output_tokens)
     except ApiError as error:
         raise param_for_chat(error) from None

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import gc
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,12 @@ from homelab.server.fleet import Fleet
 from homelab.server.yielding import YieldController
 
 STARTUP_TIMEOUT_S = 15.0
+# how long a thread running Python keeps the GIL while another waits (CPython's default: 5 ms):
+# the event loop takes it back sooner from threads preparing long requests (issue 39's soak)
+SWITCH_INTERVAL_S = 0.001
+# the collector's thresholds (CPython's: 700, 10, 10): a full collection over a long request's
+# objects held the GIL ~45 ms each time; ten times rarer, it stalls the loop under ~16 ms
+GC_THRESHOLDS = (2000, 20, 100)
 
 
 class EngineHolder:
@@ -144,5 +152,7 @@ def run_holding_lock(server: uvicorn.Server, sock: socket.socket, url: str) -> N
     """Serve until stopped, holding the server lock so `homelab bench` will not compete."""
     from homelab.lock import server_lock
 
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    gc.set_threshold(*GC_THRESHOLDS)
     with server_lock(url):
         server.run(sockets=[sock])

@@ -90,9 +90,9 @@ class HomelabApp(App[None]):
         Binding("ctrl+o", "pick_model", "Model"),
         Binding("ctrl+l", "toggle_load", "Load"),
         Binding("ctrl+s", "toggle_server", "Server"),
+        Binding("ctrl+y", "toggle_yield", "Yield", tooltip="Give the GPU back, or take it again"),
         # ahead of the prompt's "cut", but only while an answer streams (see check_action)
         Binding("ctrl+x", "cancel_answer", "Cancel", show=False, priority=True),
-        Binding("ctrl+y", "toggle_yield", "Yield GPU", show=False),
         # single letters: when the focus is not in a text box
         Binding("q", "quit", "Quit", show=False),
         Binding("question_mark", "help", "Help", show=False),
@@ -246,6 +246,7 @@ class HomelabApp(App[None]):
     @while_running
     def on_yield_changed(self) -> None:
         self.live.yield_changed()
+        self.refresh_bindings()
         self.serving.show_models()
 
     def on_unload_requested(self) -> None:
@@ -254,9 +255,11 @@ class HomelabApp(App[None]):
     @while_running
     async def on_model_loaded(self, message: ModelLoaded) -> None:
         await self.live.loaded(message)
+        self.refresh_bindings()
 
     @while_running
     def on_model_unloaded(self) -> None:
+        self.refresh_bindings()
         if self.live.engine is not None:
             return  # another model was loaded meanwhile
         self.live.show_unloaded()
@@ -358,6 +361,8 @@ class HomelabApp(App[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel_answer":  # else ctrl+x is the prompt's "cut"
             return self.chat.answer is not None
+        if action == "toggle_yield":  # None: shown dim, as nothing is loaded to give back
+            return True if self.live.holds_model else None
         return True
 
     def action_help(self) -> None:

@@ -124,7 +124,13 @@ def test_homelab_serve_serves_the_openai_sdk(demo_model: Callable[..., Path]) ->
             reply = sdk.chat.completions.create(
                 model="demo", messages=[{"role": "user", "content": SECRET}], max_tokens=3
             )
+            typed = sdk.chat.completions.create(  # the MODEL as typed names it too
+                model=str(demo_model("llama")),
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+            )
         assert reply.usage is not None and reply.usage.completion_tokens >= 1
+        assert typed.usage is not None and typed.usage.completion_tokens >= 1
     finally:
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=90)

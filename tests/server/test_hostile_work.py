@@ -4,12 +4,14 @@ Each is a prompt 400 that says what was wrong, and the server keeps answering me
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -18,9 +20,10 @@ from server_helpers import MODEL_ID, alice_headers, assert_still_serving, make_k
 from test_hostile_requests import HEALTH_BUDGET_S, posted_while_probing_health
 from test_image_requests import PNG, _chat_with, chat_body
 
-from benchmarks.hostile_inputs import many_properties_body
+from benchmarks.hostile_inputs import many_properties_body, many_turns_body
 from homelab.engine.engine import Engine
 from homelab.errors import ConfigError, EngineError
+from homelab.server import anthropic
 from homelab.server.config import ServerConfig
 from homelab.server.fleet import MAX_KEEP_ALIVE_S, parse_keep_alive
 from homelab.server.image_parts import ImagePolicy
@@ -31,7 +34,7 @@ from homelab.server.tools import FORMATS, forced_call_grammar
 
 
 def test_a_forced_call_over_a_huge_schema_is_a_quick_400(server: ServerHandle) -> None:
-    raw = many_properties_body(MODEL_ID, 40_000)  # ~80,000 JSON values: parsed, then bounded
+    raw = many_properties_body(MODEL_ID, 12_000)  # 12,000 objects: parsed, then bounded
     headers = {**alice_headers(), "Content-Type": "application/json"}
     with httpx.Client(base_url=server.url, timeout=120) as http:
         started = time.monotonic()
@@ -55,6 +58,49 @@ def test_a_million_properties_are_refused_before_the_parse_freezes_the_server(
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"]["code"] == "body_too_complex"
     assert max(latencies) < HEALTH_BUDGET_S, f"/health took {max(latencies):.3f} s"
+
+
+def test_a_long_conversation_is_prepared_off_the_loop_one_at_a_time_per_tenant(
+    server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16,000 Anthropic turns, just under the body's object bound: converted to chat inputs
+    (~130 ms of Python a request, once on the event loop) in a worker thread, one request of
+    the tenant at a time; each is a clear 400 (the prompt cannot fit) and /health answers."""
+    calls: list[tuple[bool, int]] = []  # (on the event loop, conversions running then)
+    running, lock = [0], threading.Lock()
+    convert = anthropic.chat_inputs
+
+    def watched(conv: Any) -> Any:
+        with lock:
+            running[0] += 1
+            calls.append((on_event_loop(), running[0]))
+        try:
+            return convert(conv)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(anthropic, "chat_inputs", watched)
+    raw = many_turns_body(MODEL_ID)
+    headers = {**alice_headers(), "Content-Type": "application/json"}
+    with httpx.Client(base_url=server.url, timeout=60) as http, ThreadPoolExecutor(3) as pool:
+        answers = list(
+            pool.map(lambda _: http.post("/v1/messages", content=raw, headers=headers), range(3))
+        )
+    for answer in answers:
+        assert answer.status_code == 400, answer.text
+        assert "context" in answer.json()["error"]["message"]
+    assert calls == [(False, 1)] * 3
+    _, latencies = posted_while_probing_health(server, "/v1/messages", raw, 2)
+    assert max(latencies) < HEALTH_BUDGET_S, f"/health took {max(latencies):.3f} s"
+
+
+def on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("family", ["qwen3-coder", "glm", "minimax-m2", "lfm2"])

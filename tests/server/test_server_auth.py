@@ -7,6 +7,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from homelab.errors import ConfigError
@@ -150,6 +151,30 @@ def test_other_tenants_are_not_limited_by_one_tenant() -> None:
     busy = Tenant("busy", limits=TenantLimits(max_concurrent_requests=1))
     limiter.acquire(busy)
     limiter.acquire(Tenant("calm", limits=TenantLimits(max_concurrent_requests=1)))
+
+
+def test_a_name_given_to_someone_new_does_not_inherit_the_old_holders_limits() -> None:
+    limiter = TenantLimiter()
+    limits = TenantLimits(max_concurrent_requests=1, requests_per_minute=1)
+    limiter.acquire(Tenant("bob", limits=limits, generation="g1"))  # still in flight
+    with pytest.raises(RateLimited):
+        limiter.acquire(Tenant("bob", limits=limits, generation="g1"))
+    limiter.acquire(Tenant("bob", limits=limits, generation="g2"))  # the name's new holder
+
+
+def test_each_identity_has_one_preparation_lane_of_one_thread() -> None:
+    async def lanes() -> list[Any]:
+        limiter = TenantLimiter()
+        return [
+            limiter.preparation_lane(Tenant("bob", generation="g1")),
+            limiter.preparation_lane(Tenant("bob", generation="g1")),
+            limiter.preparation_lane(Tenant("bob", generation="g2")),
+            limiter.preparation_lane(Tenant("carol")),
+        ]
+
+    first, again, new_holder, other = anyio.run(lanes)
+    assert first is again and first.total_tokens == 1
+    assert new_holder is not first and other is not first and other is not new_holder
 
 
 # --- the gate, as an ASGI layer -------------------------------------------------------------

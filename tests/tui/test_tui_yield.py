@@ -10,11 +10,24 @@ from __future__ import annotations
 import httpx
 from test_tui_flow import free_port, planned, rendered, wait_until
 from textual.message import Message
+from textual.widget import Widget
 from tui_fakes import FakeHardware
 
-from homelab.tui.app import make_app
+from homelab.tui.app import HomelabApp, make_app
 from homelab.tui.messages import AnswerFinished
 from homelab.tui.widgets.chat import ChatPanel
+
+
+def footer_key(app: HomelabApp, key: str) -> Widget | None:
+    """The footer's entry for ``key`` (Textual's FooterKey, by its CSS type name), once the
+    footer shows it."""
+    return next((k for k in app.screen.query("FooterKey") if getattr(k, "key", "") == key), None)
+
+
+def yield_key_shown(app: HomelabApp, enabled: bool) -> bool:
+    key = footer_key(app, "ctrl+y")
+    return key is not None and key.has_class("-disabled") != enabled
+
 
 LONG_PROMPT = "Tell me about the garden behind the old house, please. " * 30  # > 256 tokens
 
@@ -36,8 +49,11 @@ async def test_yield_and_resume_from_the_dashboard(cpu_machine: FakeHardware) ->
     async with app.run_test(size=(160, 48), message_hook=hook) as pilot:
         await planned(app, pilot)
         chat = app.screen.query_one(ChatPanel)
+        await wait_until(pilot, lambda: yield_key_shown(app, False), "ctrl+y dim: nothing loaded")
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.live.engine is not None, "the load")
+        await wait_until(pilot, lambda: yield_key_shown(app, True), "ctrl+y lit")
+        assert getattr(footer_key(app, "ctrl+y"), "description", "") == "Yield"
         chat.prompt.value = LONG_PROMPT
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(finished) == 1, "the first answer")
