@@ -27,6 +27,9 @@ from homelab.server.replies import ReplyStream
 from homelab.server.tools import FORMATS, ToolCallStream, ToolFormat, ToolSet, split_tool_calls
 
 EXAMPLES = int(os.environ.get("HOMELAB_HYPOTHESIS_EXAMPLES", "60"))  # more: a deeper run
+PER_FAMILY = settings(  # each family's property, run inside its parametrized test
+    max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 TYPED = ToolSet.of(
     [
         {
@@ -203,12 +206,7 @@ def texts_for(name: str) -> st.SearchStrategy[list[str]]:
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_any_text_streams_strict_json_that_matches_the_call(name: str) -> None:
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @PER_FAMILY
     @given(chunks=texts_for(name), split=st.booleans())
     def property_holds(chunks: list[str], split: bool) -> None:
         text = "".join(chunks)
@@ -230,12 +228,7 @@ def test_the_whole_reply_parses_to_the_calls_its_stream_made(name: str) -> None:
     """A finished message (``split_tool_calls``, what a non-streamed answer returns) holds
     the calls its stream sent, however the text arrived."""
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        suppress_health_check=list(HealthCheck),
-    )
+    @PER_FAMILY
     @given(chunks=texts_for(name), split=st.booleans())
     def property_holds(chunks: list[str], split: bool) -> None:
         text = "".join(chunks)
