@@ -515,12 +515,15 @@ function scheduleRender() {
 function statsOf(usage, timing, ended) {
   const completion = usage?.completion_tokens ?? null;
   const generating_s = timing.first === null ? null : (ended - timing.first) / 1000;
+  // a short answer can arrive in one read (first token and end at once): then its rate is
+  // counted over the whole request, never left out
+  const rate_s = generating_s > 0 ? generating_s : (ended - timing.started) / 1000;
   return {
     prompt_tokens: usage?.prompt_tokens ?? null,
     completion_tokens: completion,
     cached_tokens: usage?.prompt_tokens_details?.cached_tokens ?? null,
     ttft_s: timing.first === null ? null : (timing.first - timing.started) / 1000,
-    tok_s: completion !== null && generating_s > 0 ? completion / generating_s : null,
+    tok_s: completion !== null && rate_s > 0 ? completion / rate_s : null,
   };
 }
 
