@@ -50,6 +50,7 @@ from homelab.server.reasoning import THINK_CLOSE, THINK_OPEN, after_thought, thi
 from homelab.server.replies import ReplyFormat, split_format
 from homelab.server.serving import (
     INLINE_CHARS,
+    INLINE_TURNS,
     Prompt,
     RequestContext,
     SamplingKnobs,
@@ -304,23 +305,24 @@ async def render_messages(
     switches: Mapping[str, Any],
 ) -> str:
     """The prompt for template-shaped messages (``switches``: extra template variables such
-    as ``enable_thinking``); a template's refusal is a 400."""
+    as ``enable_thinking``); a template's refusal is a 400. A short chat is rendered on the
+    event loop; a long one (its turns or its text) in the tenant's preparation lane."""
 
-    def checked_chars() -> int:
-        chars = sum(len(m["content"]) for m in messages)
+    def run(chars: int) -> str:
         if chars > ctx.engine.n_ctx_per_slot:
             refuse_user_text_beyond_context(ctx.engine, messages)
-        return chars
-
-    chars = await off_the_loop_when_long(ctx, checked_chars, len(messages))
-
-    def run() -> str:
         return template.render(messages, tools=tools, add_generation_prompt=True, **switches)
 
+    def text_chars() -> int:
+        return sum(len(m["content"]) for m in messages)
+
     try:
-        if chars + len(str(tools or "")) <= INLINE_CHARS:
-            return run()
-        return await anyio.to_thread.run_sync(run, limiter=preparation_lane(ctx.http.scope))
+        if len(messages) <= INLINE_TURNS:
+            chars = text_chars()
+            if chars + len(str(tools or "")) <= INLINE_CHARS:
+                return run(chars)
+        lane = preparation_lane(ctx.http.scope)
+        return await anyio.to_thread.run_sync(lambda: run(text_chars()), limiter=lane)
     except EngineError as exc:  # the template refused these messages (e.g. roles must alternate)
         raise invalid_request(str(exc), param="messages") from exc
 

@@ -36,7 +36,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -630,13 +630,7 @@ def folder_entries(root: Path) -> list[EntryInfo]:
     deleted or written (a server may be writing there now); files being written and files
     that fail their checks are left out."""
     found = []
-    for path in disk.state_files(root):
-        if disk.is_temporary(path):
-            continue
-        try:
-            header, tokens, stat = disk.read_header(path)
-        except (OSError, disk.StateFileError):
-            continue
+    for _, header, tokens, stat in _saved_states(root):
         entry = StateEntry(header.model, header.tenant, tokens, header.n_state_bytes)
         entry.last_used_s = stat.st_mtime
         found.append(EntryInfo.of(entry, in_ram=False, on_disk=True))
@@ -647,16 +641,24 @@ def delete_folder_states(root: Path, tenant: str | None, model_id: str | None) -
     """Delete the state files under ``root`` of ``tenant`` and ``model_id`` (as
     :meth:`PromptCache.clear` matches them) when no server has them open; how many."""
     removed = 0
-    for path in disk.state_files(root):
-        if disk.is_temporary(path):
-            continue
-        try:
-            header, _, _ = disk.read_header(path)
-        except (OSError, disk.StateFileError):
-            continue
+    for path, header, _, _ in _saved_states(root):
         if tenant_matches(header.tenant, tenant) and header.model.model_id.startswith(
             model_id or ""
         ):
             _delete(path)
             removed += 1
     return removed
+
+
+def _saved_states(
+    root: Path,
+) -> Iterator[tuple[Path, disk.FileHeader, np.ndarray, os.stat_result]]:
+    """Each finished state file under ``root`` that passes its checks, with its header."""
+    for path in disk.state_files(root):
+        if disk.is_temporary(path):
+            continue
+        try:
+            header, tokens, stat = disk.read_header(path)
+        except (OSError, disk.StateFileError):
+            continue
+        yield path, header, tokens, stat
